@@ -1,0 +1,55 @@
+# The developer loop and the CI steps. `make test` does everything from a fresh clone.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# maturin develop installs into the active virtualenv.
+export VIRTUAL_ENV := $(abspath $(VENV))
+export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
+
+.PHONY: all venv build test lint test-rust test-python bench run clean
+
+all: build
+
+# Re-runs when the dev requirements change.
+$(VENV)/.deps: requirements-dev.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.deps
+
+# Builds the extension (cargo is incremental, so this is quick when nothing changed) and installs
+# the package in editable mode.
+build: $(VENV)/.deps
+	$(VENV)/bin/maturin develop --release --quiet
+
+test: build lint test-rust test-python
+
+lint: build
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check python tests benches
+	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/mypy
+	$(PY) -m mypy.stubtest kvoffload._rust
+
+test-rust:
+	cargo test -p kvoffload-core
+
+# Benchmarks run once, untimed, so they never rot.
+test-python: build
+	$(PY) -m pytest tests benches --benchmark-disable -q
+
+# Installs the baselines the comparison needs (vLLM's own offloading manager), then measures.
+bench: build
+	$(PY) -m pip install -q 'vllm==0.33.*' 'pytest-benchmark>=4'
+	$(PY) -m pytest benches -q --benchmark-only --benchmark-columns=min,median,rounds -p no:randomly -s
+
+run: build
+	$(VENV)/bin/kvoffload simulate
+
+clean:
+	cargo clean
+	rm -rf $(VENV) python/kvoffload/_rust*.so .pytest_cache .ruff_cache .mypy_cache .hypothesis

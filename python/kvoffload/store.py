@@ -1,0 +1,190 @@
+"""`CpuStore`: the CPU-tier block store (key index, eviction, pins, events) of kvoffload.
+
+A thin facade over the Rust store: each method is one call into Rust for the whole batch, with
+the GIL released while the store works, so the object is safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from kvoffload import _rust
+
+MAX_KEY_LEN: int = _rust.MAX_KEY_LEN
+POLICY_NAMES: tuple[str, ...] = tuple(_rust.POLICY_NAMES)
+
+Keys = Iterable[bytes]
+"""A batch of keys: a list (fastest) or any iterable of `bytes`, each 1..=MAX_KEY_LEN long."""
+
+
+class KeyStatus(enum.IntEnum):
+    ABSENT = 0
+    PENDING = 1
+    READY = 2
+
+
+class PrefixLookup(NamedTuple):
+    """`hits` leading keys are ready; `pending` tells whether the first one that is not is being
+    stored (ask again next step) rather than absent."""
+
+    hits: int
+    pending: bool
+
+
+@dataclass(frozen=True)
+class StorePlan:
+    """What `prepare_store` accepted: write `keys[i]` to `slots[i]`, then call
+    `complete_store(keys)`. `evicted` left the store to make room, oldest first."""
+
+    keys: list[bytes]
+    slots: npt.NDArray[np.int64]
+    evicted: list[bytes]
+
+
+@dataclass(frozen=True)
+class StoreEvent:
+    kind: str
+    """`"stored"` (keys became ready) or `"removed"` (evicted or reset)."""
+    keys: list[bytes]
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    num_slots: int
+    used_slots: int
+    ready: int
+    pending: int
+    pinned: int
+    hits: int
+    misses: int
+    evictions: int
+    store_refusals: int
+    stores_completed: int
+    stores_failed: int
+    metadata_bytes_per_slot: float
+    """Index metadata per slot (entries with their key copies, hash table, ghost lists)."""
+    arc_target_t1: float
+    """ARC's adaptive target size of its recency list (0 under LRU)."""
+
+
+_STATS_FIELDS = tuple(f.name for f in fields(StoreStats))
+
+
+def _slots(raw: bytes) -> npt.NDArray[np.int64]:
+    return np.frombuffer(raw, dtype=np.int64)
+
+
+class CpuStore:
+    """The CPU-tier store: `num_slots` chunk-sized slots and the keys that live in them.
+
+    A key goes absent → pending (`prepare_store`) → ready (`complete_store`); a ready key can be
+    pinned by loads (`prepare_load` / `complete_load`). Pending and pinned keys are never evicted.
+    Any call given a bad batch raises and changes nothing.
+
+    `eviction_policy` is one of `POLICY_NAMES` (`"lru"`, `"arc"`). With `enable_events=True` the
+    store records stored/removed batches for `take_events` (off by default: nobody draining them
+    would make them grow without bound).
+    """
+
+    __slots__ = ("_inner",)
+
+    def __init__(
+        self, num_slots: int, eviction_policy: str = "lru", *, enable_events: bool = False
+    ) -> None:
+        if isinstance(num_slots, bool):
+            raise TypeError(f"num_slots must be an int, got bool ({num_slots!r})")
+        try:
+            n = operator.index(num_slots)
+        except TypeError:
+            raise TypeError(
+                f"num_slots must be an int, got {type(num_slots).__name__} ({num_slots!r})"
+            ) from None
+        if not isinstance(eviction_policy, str):
+            raise TypeError(
+                f"eviction_policy must be a str, one of {', '.join(POLICY_NAMES)}; "
+                f"got {type(eviction_policy).__name__}"
+            )
+        self._inner = _rust.Store(n, eviction_policy, bool(enable_events))
+
+    @property
+    def num_slots(self) -> int:
+        return self._inner.num_slots
+
+    @property
+    def eviction_policy(self) -> str:
+        return self._inner.eviction_policy
+
+    @property
+    def events_enabled(self) -> bool:
+        return self._inner.events_enabled
+
+    def prepare_store(self, keys: Keys) -> StorePlan | None:
+        """Reserves slots for the keys that are neither pending nor ready (duplicates count once),
+        evicting unpinned ready keys if needed; keys of this batch are never evicted for it.
+        Returns `None` ("cannot store now") when they do not all fit: nothing changed."""
+        out = self._inner.prepare_store(keys)
+        if out is None:
+            return None
+        to_write, slots, evicted = out
+        return StorePlan(to_write, _slots(slots), evicted)
+
+    def complete_store(self, keys: Keys, success: bool = True) -> None:
+        """Ends the stores of `keys` (all pending): ready on success; on failure they are removed
+        and their slots freed."""
+        self._inner.complete_store(keys, success)
+
+    def lookup_prefix(self, keys: Keys) -> PrefixLookup:
+        """Counts the leading ready keys; stops at the first that is not."""
+        hits, pending = self._inner.lookup_prefix(keys)
+        return PrefixLookup(hits, pending)
+
+    def lookup(self, keys: Keys) -> npt.NDArray[np.uint8]:
+        """The `KeyStatus` value of every key."""
+        return np.frombuffer(self._inner.lookup(keys), dtype=np.uint8)
+
+    def prepare_load(self, keys: Keys) -> npt.NDArray[np.int64]:
+        """Pins every key (all must be ready) for a load and returns their slots."""
+        return _slots(self._inner.prepare_load(keys))
+
+    def complete_load(self, keys: Keys) -> None:
+        """Unpins every key once (each must be pinned as often as it is listed)."""
+        self._inner.complete_load(keys)
+
+    def touch(self, keys: Keys) -> None:
+        """Marks resident keys as used so the earlier keys of the batch become the most recent."""
+        self._inner.touch(keys)
+
+    def reset(self) -> None:
+        """Drops every ready, unpinned key; pending and pinned keys miss from now on and leave
+        when their store or last load completes."""
+        self._inner.reset()
+
+    def take_events(self) -> list[StoreEvent]:
+        """Drains the recorded events, oldest first (empty unless `enable_events`)."""
+        return [StoreEvent(kind, keys) for kind, keys in self._inner.take_events()]
+
+    def stats(self) -> StoreStats:
+        raw = self._inner.stats()
+        return StoreStats(**{name: raw[name] for name in _STATS_FIELDS})  # type: ignore[arg-type]
+
+    def recency_order(self) -> list[list[bytes]]:
+        """Keys from least to most recently used: `[lru]` or `[t1, t2]` under ARC."""
+        return self._inner.recency_order()
+
+    def check_invariants(self) -> None:
+        """Verifies the store's internal consistency (O(num_slots)); for tests and debugging."""
+        self._inner.check_invariants()
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (
+            f"CpuStore(num_slots={s.num_slots}, eviction_policy={self.eviction_policy!r}, "
+            f"ready={s.ready}, pending={s.pending}, pinned={s.pinned})"
+        )

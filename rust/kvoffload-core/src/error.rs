@@ -1,0 +1,69 @@
+use std::fmt;
+
+/// Every way a store or chunk call can refuse its input. A call that returns an error has changed
+/// nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// `keys[index]` has a length outside `1..=MAX_KEY_LEN`.
+    InvalidKeyLength { index: usize, len: usize },
+    /// A numeric argument is outside its allowed range.
+    InvalidArgument {
+        name: &'static str,
+        value: String,
+        allowed: &'static str,
+    },
+    /// An eviction policy name that is not one of `POLICY_NAMES`.
+    UnknownPolicy(String),
+    /// `keys[index]` is not in the state the call needs (e.g. loading a key that is not ready,
+    /// unpinning a key that is not pinned, completing a store that is not pending).
+    InvalidState {
+        op: &'static str,
+        index: usize,
+        key: Vec<u8>,
+        state: &'static str,
+        needed: &'static str,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidKeyLength { index, len } => write!(
+                f,
+                "keys[{index}] has length {len}; keys must be 1..={} bytes",
+                crate::key::MAX_KEY_LEN
+            ),
+            Error::InvalidArgument {
+                name,
+                value,
+                allowed,
+            } => {
+                write!(f, "{name}={value} is invalid; allowed: {allowed}")
+            }
+            Error::UnknownPolicy(name) => write!(
+                f,
+                "eviction_policy={name:?} is unknown; valid policies: {}",
+                crate::policy::POLICY_NAMES.join(", ")
+            ),
+            Error::InvalidState {
+                op,
+                index,
+                key,
+                state,
+                needed,
+            } => write!(
+                f,
+                "{op}: keys[{index}] (0x{}) is {state}, needs to be {needed}",
+                hex(key)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

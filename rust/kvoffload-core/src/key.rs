@@ -1,0 +1,49 @@
+use crate::error::{Error, Result};
+use core::hash::BuildHasher;
+
+/// Longest key the store accepts. vLLM's keys are a 32-byte block hash plus a 4-byte group index.
+pub const MAX_KEY_LEN: usize = 64;
+
+/// A key copied inline, so an index entry needs no separate allocation.
+#[derive(Clone, Copy)]
+pub(crate) struct InlineKey {
+    bytes: [u8; MAX_KEY_LEN],
+    len: u8,
+}
+
+impl InlineKey {
+    pub(crate) const EMPTY: InlineKey = InlineKey {
+        bytes: [0; MAX_KEY_LEN],
+        len: 0,
+    };
+
+    pub(crate) fn new(key: &[u8]) -> Self {
+        let mut bytes = [0; MAX_KEY_LEN];
+        bytes[..key.len()].copy_from_slice(key);
+        InlineKey {
+            bytes,
+            len: key.len() as u8,
+        }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+}
+
+/// Checks every key before a call touches any state, so a bad key never leaves a half-done call.
+pub fn validate_keys<K: AsRef<[u8]>>(keys: &[K]) -> Result<()> {
+    for (index, key) in keys.iter().enumerate() {
+        let len = key.as_ref().len();
+        if len == 0 || len > MAX_KEY_LEN {
+            return Err(Error::InvalidKeyLength { index, len });
+        }
+    }
+    Ok(())
+}
+
+/// Fixed-seed hashing: the same key hashes alike in every store, which ARC's ghost fingerprints
+/// rely on. Keys are usually cryptographic hashes already, so a fast non-DoS-resistant hash is fine.
+pub(crate) fn hash_key(key: &[u8]) -> u64 {
+    foldhash::fast::FixedState::with_seed(0x6b76_6f66_666c_6f61).hash_one(key)
+}

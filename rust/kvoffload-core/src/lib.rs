@@ -1,0 +1,17 @@
+//! kvoffload-core: the CPU-tier block store of kvoffload and its chunk arithmetic, in plain Rust.
+//!
+//! The Python package reaches this crate through the thin `kvoffload-py` binding; nothing here
+//! knows about Python.
+
+mod error;
+mod events;
+mod key;
+mod list;
+mod policy;
+mod store;
+
+pub use error::{Error, Result};
+pub use events::{Event, EventKind};
+pub use key::{validate_keys, MAX_KEY_LEN};
+pub use policy::{PolicyKind, POLICY_NAMES};
+pub use store::{KeyStatus, Stats, Store, StorePlan, MAX_SLOTS};

@@ -1,0 +1,304 @@
+//! Eviction order: which ready, unpinned keys leave first when `prepare_store` needs room.
+//!
+//! `Lru` keeps one recency list. `Arc` keeps T1 (seen once) and T2 (seen again) plus ghost lists
+//! B1/B2 of recently evicted keys that steer an adaptive target size for T1. Ghosts remember only
+//! a 64-bit fingerprint of the key: a collision merely nudges the target, never serves data.
+
+use crate::error::{Error, Result};
+use crate::list::{Linked, List, NIL};
+use core::str::FromStr;
+use hashbrown::HashTable;
+
+pub const POLICY_NAMES: &[&str] = &["lru", "arc"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyKind {
+    Lru,
+    Arc,
+}
+
+impl FromStr for PolicyKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "lru" => Ok(PolicyKind::Lru),
+            "arc" => Ok(PolicyKind::Arc),
+            _ => Err(Error::UnknownPolicy(s.to_owned())),
+        }
+    }
+}
+
+impl PolicyKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Lru => "lru",
+            PolicyKind::Arc => "arc",
+        }
+    }
+}
+
+/// What the policy needs from an index entry: its links and which list holds it.
+pub(crate) trait PolicyNode: Linked {
+    fn list(&self) -> u8;
+    fn set_list(&mut self, list: u8);
+}
+
+pub(crate) const NO_LIST: u8 = u8::MAX;
+const T1: u8 = 0;
+const T2: u8 = 1;
+
+pub(crate) struct Policy {
+    kind: PolicyKind,
+    /// `Lru` uses `lists[T1]` only.
+    lists: [List; 2],
+    ghosts: Option<Ghosts>,
+}
+
+impl Policy {
+    pub(crate) fn new(kind: PolicyKind, capacity: u32) -> Self {
+        let ghosts = (kind == PolicyKind::Arc).then(|| Ghosts::new(capacity));
+        Policy {
+            kind,
+            lists: [List::default(); 2],
+            ghosts,
+        }
+    }
+
+    pub(crate) fn kind(&self) -> PolicyKind {
+        self.kind
+    }
+
+    /// A new key enters at the most recent end. Under ARC a ghost hit adapts the target and the
+    /// key goes straight to T2: it has been wanted before.
+    pub(crate) fn insert<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, fingerprint: u64) {
+        let ghost_hit = self.ghosts.as_mut().is_some_and(|g| g.hit(fingerprint));
+        let list = if ghost_hit { T2 } else { T1 };
+        nodes[i as usize].set_list(list);
+        self.lists[list as usize].push_mru(nodes, i);
+    }
+
+    /// Removes a key without remembering it (failed store, reset).
+    pub(crate) fn remove<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32) {
+        let list = nodes[i as usize].list();
+        self.lists[list as usize].unlink(nodes, i);
+        nodes[i as usize].set_list(NO_LIST);
+    }
+
+    /// Removes a key chosen by `select_victims`; ARC remembers it as a ghost.
+    pub(crate) fn evict<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, fingerprint: u64) {
+        let list = nodes[i as usize].list();
+        self.remove(nodes, i);
+        if let Some(g) = &mut self.ghosts {
+            g.add(list, fingerprint, self.lists[T1 as usize].len);
+        }
+    }
+
+    /// A use of a resident key: LRU moves it to the recent end, ARC promotes it to T2's recent end.
+    pub(crate) fn touch<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32) {
+        let list = nodes[i as usize].list();
+        self.lists[list as usize].unlink(nodes, i);
+        let to = if self.kind == PolicyKind::Arc { T2 } else { T1 };
+        nodes[i as usize].set_list(to);
+        self.lists[to as usize].push_mru(nodes, i);
+    }
+
+    /// Picks exactly `n` victims among nodes for which `evictable` holds, without changing
+    /// anything; `None` when fewer than `n` exist.
+    pub(crate) fn select_victims<N: PolicyNode>(
+        &self,
+        nodes: &[N],
+        n: usize,
+        evictable: impl Fn(u32) -> bool,
+    ) -> Option<Vec<u32>> {
+        let mut victims = Vec::with_capacity(n);
+        if n == 0 {
+            return Some(victims);
+        }
+        let mut t1 = self.lists[T1 as usize]
+            .iter(nodes)
+            .filter(|&i| evictable(i));
+        if self.kind == PolicyKind::Lru {
+            victims.extend(t1.take(n));
+            return (victims.len() == n).then_some(victims);
+        }
+        let mut t2 = self.lists[T2 as usize]
+            .iter(nodes)
+            .filter(|&i| evictable(i));
+        let target = self.ghosts.as_ref().map_or(0.0, |g| g.target_t1);
+        // Both scans only move forward, so a batch of evictions stays linear.
+        let mut virtual_t1 = self.lists[T1 as usize].len;
+        while victims.len() < n {
+            let from_t1 = if f64::from(virtual_t1) >= target {
+                t1.next()
+            } else {
+                None
+            };
+            let victim = from_t1.or_else(|| t2.next()).or_else(|| t1.next())?;
+            if nodes[victim as usize].list() == T1 {
+                virtual_t1 = virtual_t1.saturating_sub(1);
+            }
+            victims.push(victim);
+        }
+        Some(victims)
+    }
+
+    /// Forgets eviction history (ARC ghosts and target); resident keys keep their order.
+    pub(crate) fn forget_history(&mut self) {
+        if let Some(g) = &mut self.ghosts {
+            *g = Ghosts::new(g.capacity);
+        }
+    }
+
+    pub(crate) fn list_len(&self, list: u8) -> u32 {
+        self.lists[list as usize].len
+    }
+
+    pub(crate) fn iter_list<'a, N: PolicyNode>(
+        &self,
+        nodes: &'a [N],
+        list: u8,
+    ) -> impl Iterator<Item = u32> + 'a {
+        self.lists[list as usize].iter(nodes)
+    }
+
+    pub(crate) fn num_lists(&self) -> u8 {
+        if self.kind == PolicyKind::Arc {
+            2
+        } else {
+            1
+        }
+    }
+
+    pub(crate) fn ghost_count(&self) -> usize {
+        self.ghosts
+            .as_ref()
+            .map_or(0, |g| (g.lists[0].len + g.lists[1].len) as usize)
+    }
+
+    pub(crate) fn target_t1(&self) -> f64 {
+        self.ghosts.as_ref().map_or(0.0, |g| g.target_t1)
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.ghosts.as_ref().map_or(0, Ghosts::heap_bytes)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Ghost {
+    fingerprint: u64,
+    prev: u32,
+    next: u32,
+    list: u8,
+}
+
+impl Linked for Ghost {
+    fn prev(&self) -> u32 {
+        self.prev
+    }
+    fn next(&self) -> u32 {
+        self.next
+    }
+    fn set_prev(&mut self, v: u32) {
+        self.prev = v;
+    }
+    fn set_next(&mut self, v: u32) {
+        self.next = v;
+    }
+}
+
+/// ARC's B1/B2: at most `capacity` fingerprints in all, so ghosts cost a bounded amount per slot.
+struct Ghosts {
+    capacity: u32,
+    target_t1: f64,
+    nodes: Vec<Ghost>,
+    free: Vec<u32>,
+    table: HashTable<u32>,
+    lists: [List; 2],
+}
+
+impl Ghosts {
+    fn new(capacity: u32) -> Self {
+        Ghosts {
+            capacity,
+            target_t1: 0.0,
+            nodes: Vec::new(),
+            free: Vec::new(),
+            table: HashTable::new(),
+            lists: [List::default(); 2],
+        }
+    }
+
+    fn find(&self, fp: u64) -> Option<u32> {
+        let nodes = &self.nodes;
+        self.table
+            .find(fp, |&g| nodes[g as usize].fingerprint == fp)
+            .copied()
+    }
+
+    /// If `fp` is a ghost: adapt the target (B1 hit → favour recency, B2 hit → favour frequency),
+    /// forget the ghost, and report the hit.
+    fn hit(&mut self, fp: u64) -> bool {
+        let Some(g) = self.find(fp) else { return false };
+        let (b1, b2) = (f64::from(self.lists[0].len), f64::from(self.lists[1].len));
+        if self.nodes[g as usize].list == 0 {
+            self.target_t1 = (self.target_t1 + (b2 / b1).max(1.0)).min(f64::from(self.capacity));
+        } else {
+            self.target_t1 = (self.target_t1 - (b1 / b2).max(1.0)).max(0.0);
+        }
+        self.drop_ghost(g);
+        true
+    }
+
+    fn drop_ghost(&mut self, g: u32) {
+        let list = self.nodes[g as usize].list;
+        self.lists[list as usize].unlink(&mut self.nodes, g);
+        let fp = self.nodes[g as usize].fingerprint;
+        self.table
+            .find_entry(fp, |&x| x == g)
+            .expect("ghost is indexed")
+            .remove();
+        self.free.push(g);
+    }
+
+    fn add(&mut self, list: u8, fp: u64, t1_len: u32) {
+        if let Some(g) = self.find(fp) {
+            self.drop_ghost(g);
+        }
+        if self.lists[0].len + self.lists[1].len >= self.capacity {
+            // Classic ARC bound: keep |T1| + |B1| within capacity, otherwise trim B2 first.
+            let trim_b1 = self.lists[1].len == 0
+                || (self.lists[0].len > 0 && t1_len + self.lists[0].len >= self.capacity);
+            let from = if trim_b1 { 0 } else { 1 };
+            let oldest = self.lists[from].head;
+            debug_assert_ne!(oldest, NIL);
+            self.drop_ghost(oldest);
+        }
+        let node = Ghost {
+            fingerprint: fp,
+            prev: NIL,
+            next: NIL,
+            list,
+        };
+        let g = match self.free.pop() {
+            Some(g) => {
+                self.nodes[g as usize] = node;
+                g
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        self.lists[list as usize].push_mru(&mut self.nodes, g);
+        let nodes = &self.nodes;
+        self.table
+            .insert_unique(fp, g, |&x| nodes[x as usize].fingerprint);
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.nodes.capacity() * core::mem::size_of::<Ghost>()
+            + self.free.capacity() * 4
+            + self.table.allocation_size()
+    }
+}

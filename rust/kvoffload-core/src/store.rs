@@ -1,0 +1,630 @@
+//! The CPU-tier store: which chunk key lives in which slot of the pinned pool, and in what state.
+//!
+//! The slab `entries` is indexed by slot, so a key's slot is its entry's position and the hash
+//! index only maps key → slot. Every call validates its whole batch before it changes anything.
+
+use crate::error::{Error, Result};
+use crate::events::{Event, EventKind};
+use crate::key::{hash_key, validate_keys, InlineKey};
+use crate::list::{Linked, NIL};
+use crate::policy::{Policy, PolicyKind, PolicyNode, NO_LIST};
+use hashbrown::HashTable;
+
+/// Largest pool the store addresses (slot ids are `u32`, one value is reserved).
+pub const MAX_SLOTS: u32 = u32::MAX - 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum KeyStatus {
+    Absent = 0,
+    Pending = 1,
+    Ready = 2,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Free,
+    Pending,
+    Ready,
+}
+
+/// Set by `reset` on a key that cannot go yet (pending or pinned): it answers as absent and is
+/// dropped when released.
+const DOOMED: u8 = 1;
+/// Set during one `prepare_store` on ready keys of that call, so they are not evicted for it.
+const PROTECTED: u8 = 2;
+
+#[derive(Clone, Copy)]
+struct Entry {
+    key: InlineKey,
+    state: State,
+    flags: u8,
+    list: u8,
+    pins: u32,
+    prev: u32,
+    next: u32,
+}
+
+impl Entry {
+    const FREE: Entry = Entry {
+        key: InlineKey::EMPTY,
+        state: State::Free,
+        flags: 0,
+        list: NO_LIST,
+        pins: 0,
+        prev: NIL,
+        next: NIL,
+    };
+
+    fn live(&self) -> bool {
+        self.flags & DOOMED == 0
+    }
+
+    fn status(&self) -> KeyStatus {
+        match self.state {
+            _ if !self.live() => KeyStatus::Absent,
+            State::Free => KeyStatus::Absent,
+            State::Pending => KeyStatus::Pending,
+            State::Ready => KeyStatus::Ready,
+        }
+    }
+
+    fn state_name(&self) -> &'static str {
+        match (self.state, self.live(), self.pins) {
+            (State::Free, _, _) => "absent",
+            (_, false, _) => "absent (reset)",
+            (State::Pending, _, _) => "pending",
+            (State::Ready, _, 0) => "ready",
+            (State::Ready, _, _) => "ready and pinned",
+        }
+    }
+}
+
+impl Linked for Entry {
+    fn prev(&self) -> u32 {
+        self.prev
+    }
+    fn next(&self) -> u32 {
+        self.next
+    }
+    fn set_prev(&mut self, v: u32) {
+        self.prev = v;
+    }
+    fn set_next(&mut self, v: u32) {
+        self.next = v;
+    }
+}
+
+impl PolicyNode for Entry {
+    fn list(&self) -> u8 {
+        self.list
+    }
+    fn set_list(&mut self, list: u8) {
+        self.list = list;
+    }
+}
+
+/// The answer of a successful `prepare_store`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorePlan {
+    /// Positions in the offered batch of the keys to write, in offer order.
+    pub indices: Vec<u32>,
+    /// The slot each of those keys is written to.
+    pub slots: Vec<u32>,
+    /// Keys evicted to make room, oldest first.
+    pub evicted: Vec<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    pub num_slots: u64,
+    pub used_slots: u64,
+    pub ready: u64,
+    pub pending: u64,
+    /// Keys with at least one load in flight.
+    pub pinned: u64,
+    /// Keys found ready by `lookup`/`lookup_prefix`.
+    pub hits: u64,
+    /// Keys found absent by `lookup`, or the absent key that ended a `lookup_prefix`.
+    pub misses: u64,
+    pub evictions: u64,
+    /// `prepare_store` calls answered "cannot store now".
+    pub store_refusals: u64,
+    pub stores_completed: u64,
+    pub stores_failed: u64,
+    /// Bytes of index metadata (entries, hash table, ghost lists) per slot, key copies included.
+    pub metadata_bytes_per_slot: f64,
+}
+
+pub struct Store {
+    entries: Vec<Entry>,
+    index: HashTable<u32>,
+    policy: Policy,
+    /// Slots `>= next_fresh` were never handed out.
+    next_fresh: u32,
+    /// Freed slots, reused last-freed-first.
+    free: Vec<u32>,
+    events: Option<Vec<Event>>,
+    stats: Stats,
+}
+
+impl Store {
+    pub fn new(num_slots: i64, policy: PolicyKind, enable_events: bool) -> Result<Self> {
+        if num_slots < 1 || num_slots > i64::from(MAX_SLOTS) {
+            return Err(Error::InvalidArgument {
+                name: "num_slots",
+                value: num_slots.to_string(),
+                allowed: "an integer in 1..=4294967294",
+            });
+        }
+        let n = num_slots as u32;
+        Ok(Store {
+            entries: vec![Entry::FREE; n as usize],
+            index: HashTable::with_capacity(n as usize),
+            policy: Policy::new(policy, n),
+            next_fresh: 0,
+            free: Vec::with_capacity(n as usize),
+            events: enable_events.then(Vec::new),
+            stats: Stats {
+                num_slots: n.into(),
+                ..Stats::default()
+            },
+        })
+    }
+
+    pub fn num_slots(&self) -> u32 {
+        self.entries.len() as u32
+    }
+
+    pub fn policy(&self) -> PolicyKind {
+        self.policy.kind()
+    }
+
+    pub fn events_enabled(&self) -> bool {
+        self.events.is_some()
+    }
+
+    fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
+        let entries = &self.entries;
+        self.index
+            .find(hash, |&s| entries[s as usize].key.as_slice() == key)
+            .copied()
+    }
+
+    fn find_key(&self, key: &[u8]) -> Option<u32> {
+        self.find(hash_key(key), key)
+    }
+
+    fn status_of(&self, key: &[u8]) -> KeyStatus {
+        self.find_key(key)
+            .map_or(KeyStatus::Absent, |s| self.entries[s as usize].status())
+    }
+
+    fn free_slots(&self) -> usize {
+        (self.num_slots() - self.next_fresh) as usize + self.free.len()
+    }
+
+    fn evictable(&self, slot: u32) -> bool {
+        let e = &self.entries[slot as usize];
+        e.state == State::Ready && e.pins == 0 && e.flags == 0
+    }
+
+    fn emit(&mut self, kind: EventKind, keys: Vec<Vec<u8>>) {
+        if let Some(events) = &mut self.events {
+            if !keys.is_empty() {
+                events.push(Event { kind, keys });
+            }
+        }
+    }
+
+    /// Takes the slot out of the policy, the index and the counters, and frees it. Returns the key.
+    fn release_slot(&mut self, slot: u32) -> InlineKey {
+        self.policy.remove(&mut self.entries, slot);
+        self.unindex_and_free(slot)
+    }
+
+    /// The part of freeing a slot after the policy has let go of it.
+    fn unindex_and_free(&mut self, slot: u32) -> InlineKey {
+        let entry = self.entries[slot as usize];
+        let hash = hash_key(entry.key.as_slice());
+        self.index
+            .find_entry(hash, |&s| s == slot)
+            .expect("live slot is indexed")
+            .remove();
+        match entry.state {
+            State::Pending => self.stats.pending -= 1,
+            State::Ready => self.stats.ready -= 1,
+            State::Free => unreachable!("freed a free slot"),
+        }
+        self.entries[slot as usize] = Entry::FREE;
+        self.free.push(slot);
+        entry.key
+    }
+
+    /// Reserves slots for the keys that are neither pending nor ready, evicting unpinned ready
+    /// keys by the policy if the free slots do not suffice. `Ok(None)` means "cannot store now":
+    /// the store is unchanged (only the refusal counter moves).
+    pub fn prepare_store<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Option<StorePlan>> {
+        validate_keys(keys)?;
+        let mut new: Vec<(u32, u64)> = Vec::with_capacity(keys.len());
+        let mut seen: HashTable<u32> = HashTable::new();
+        let mut protected: Vec<u32> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let key = key.as_ref();
+            let hash = hash_key(key);
+            if let Some(slot) = self.find(hash, key) {
+                let e = &mut self.entries[slot as usize];
+                if e.state == State::Ready && e.flags == 0 {
+                    e.flags |= PROTECTED;
+                    protected.push(slot);
+                }
+                continue;
+            }
+            let dup = seen
+                .find(hash, |&j| keys[j as usize].as_ref() == key)
+                .is_some();
+            if !dup {
+                seen.insert_unique(hash, i as u32, |&j| hash_key(keys[j as usize].as_ref()));
+                new.push((i as u32, hash));
+            }
+        }
+        let need = new.len().saturating_sub(self.free_slots());
+        let victims = self
+            .policy
+            .select_victims(&self.entries, need, |s| self.evictable(s));
+        for &slot in &protected {
+            self.entries[slot as usize].flags &= !PROTECTED;
+        }
+        let Some(victims) = victims else {
+            self.stats.store_refusals += 1;
+            return Ok(None);
+        };
+
+        let mut evicted = Vec::with_capacity(victims.len());
+        for slot in victims {
+            let fingerprint = hash_key(self.entries[slot as usize].key.as_slice());
+            self.policy.evict(&mut self.entries, slot, fingerprint);
+            evicted.push(self.unindex_and_free(slot).as_slice().to_vec());
+        }
+        self.stats.evictions += evicted.len() as u64;
+
+        let mut plan = StorePlan {
+            indices: Vec::with_capacity(new.len()),
+            slots: Vec::with_capacity(new.len()),
+            evicted,
+        };
+        for (i, hash) in new {
+            let slot = if self.next_fresh < self.num_slots() {
+                self.next_fresh += 1;
+                self.next_fresh - 1
+            } else {
+                self.free.pop().expect("room was made for every new key")
+            };
+            let key = keys[i as usize].as_ref();
+            self.entries[slot as usize] = Entry {
+                key: InlineKey::new(key),
+                state: State::Pending,
+                ..Entry::FREE
+            };
+            let entries = &self.entries;
+            self.index.insert_unique(hash, slot, |&s| {
+                hash_key(entries[s as usize].key.as_slice())
+            });
+            self.policy.insert(&mut self.entries, slot, hash);
+            self.stats.pending += 1;
+            plan.indices.push(i);
+            plan.slots.push(slot);
+        }
+        if self.events.is_some() {
+            self.emit(EventKind::Removed, plan.evicted.clone());
+        }
+        Ok(Some(plan))
+    }
+
+    /// Finishes stores: on success the keys become ready (one "stored" event), on failure they
+    /// are removed and their slots freed with no event. Every key must be pending.
+    pub fn complete_store<K: AsRef<[u8]>>(&mut self, keys: &[K], success: bool) -> Result<()> {
+        let slots = self.resolve(keys, "complete_store", "pending", |e| {
+            e.state == State::Pending
+        })?;
+        let mut stored = Vec::new();
+        for slot in slots {
+            let e = &mut self.entries[slot as usize];
+            if success && e.live() {
+                e.state = State::Ready;
+                self.stats.pending -= 1;
+                self.stats.ready += 1;
+                self.stats.stores_completed += 1;
+                if self.events.is_some() {
+                    stored.push(e.key.as_slice().to_vec());
+                }
+            } else {
+                if !success {
+                    self.stats.stores_failed += 1;
+                }
+                self.release_slot(slot);
+            }
+        }
+        self.emit(EventKind::Stored, stored);
+        Ok(())
+    }
+
+    /// Looks every key up and checks `ok` on its entry before anything changes.
+    fn resolve<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        op: &'static str,
+        needed: &'static str,
+        ok: impl Fn(&Entry) -> bool,
+    ) -> Result<Vec<u32>> {
+        validate_keys(keys)?;
+        let mut slots = Vec::with_capacity(keys.len());
+        for (index, key) in keys.iter().enumerate() {
+            let key = key.as_ref();
+            let slot = self.find_key(key);
+            match slot {
+                Some(s) if ok(&self.entries[s as usize]) => slots.push(s),
+                _ => {
+                    let state = slot.map_or("absent", |s| self.entries[s as usize].state_name());
+                    return Err(Error::InvalidState {
+                        op,
+                        index,
+                        key: key.to_vec(),
+                        state,
+                        needed,
+                    });
+                }
+            }
+        }
+        Ok(slots)
+    }
+
+    /// Number of leading keys that are ready, and whether the first key that is not is pending.
+    pub fn lookup_prefix<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<(usize, bool)> {
+        validate_keys(keys)?;
+        for (i, key) in keys.iter().enumerate() {
+            match self.status_of(key.as_ref()) {
+                KeyStatus::Ready => {}
+                status => {
+                    self.stats.hits += i as u64;
+                    let pending = status == KeyStatus::Pending;
+                    self.stats.misses += u64::from(!pending);
+                    return Ok((i, pending));
+                }
+            }
+        }
+        self.stats.hits += keys.len() as u64;
+        Ok((keys.len(), false))
+    }
+
+    /// The status of every key.
+    pub fn lookup<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<KeyStatus>> {
+        validate_keys(keys)?;
+        let out: Vec<KeyStatus> = keys.iter().map(|k| self.status_of(k.as_ref())).collect();
+        for s in &out {
+            match s {
+                KeyStatus::Ready => self.stats.hits += 1,
+                KeyStatus::Absent => self.stats.misses += 1,
+                KeyStatus::Pending => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// Pins every key for a load and returns its slot. Every key must be ready; a key listed
+    /// twice is pinned twice.
+    pub fn prepare_load<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<u32>> {
+        let slots = self.resolve(keys, "prepare_load", "ready", |e| {
+            e.state == State::Ready && e.live()
+        })?;
+        for &slot in &slots {
+            let e = &mut self.entries[slot as usize];
+            e.pins += 1;
+            if e.pins == 1 {
+                self.stats.pinned += 1;
+            }
+        }
+        Ok(slots)
+    }
+
+    /// Unpins each key once. Every key must be pinned as often as it is listed. A key dropped
+    /// by `reset` while pinned leaves the store at its last unpin.
+    pub fn complete_load<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<()> {
+        let slots = self.resolve(keys, "complete_load", "pinned", |e| e.pins > 0)?;
+        let mut doomed = Vec::new();
+        for (done, &slot) in slots.iter().enumerate() {
+            if self.entries[slot as usize].pins == 0 {
+                self.undo_unpins(&slots[..done]);
+                let key = keys[done].as_ref().to_vec();
+                return Err(Error::InvalidState {
+                    op: "complete_load",
+                    index: done,
+                    key,
+                    state: "listed more often than it is pinned",
+                    needed: "pinned once per listing",
+                });
+            }
+            let e = &mut self.entries[slot as usize];
+            e.pins -= 1;
+            if e.pins == 0 {
+                self.stats.pinned -= 1;
+                if !e.live() {
+                    doomed.push(slot);
+                }
+            }
+        }
+        for slot in doomed {
+            self.release_slot(slot);
+        }
+        Ok(())
+    }
+
+    fn undo_unpins(&mut self, slots: &[u32]) {
+        for &slot in slots {
+            let e = &mut self.entries[slot as usize];
+            if e.pins == 0 {
+                self.stats.pinned += 1;
+            }
+            e.pins += 1;
+        }
+    }
+
+    /// Marks keys as just used, so that the earlier keys of `keys` end up the most recent: a
+    /// prefix's head outlives its tail. Keys that are not resident are ignored.
+    pub fn touch<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<()> {
+        validate_keys(keys)?;
+        for key in keys.iter().rev() {
+            if let Some(slot) = self.find_key(key.as_ref()) {
+                if self.entries[slot as usize].live() {
+                    self.policy.touch(&mut self.entries, slot);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops every ready, unpinned key now (one "removed" event); pending and pinned keys answer
+    /// as absent from now on and are dropped when their store or last load completes.
+    pub fn reset(&mut self) {
+        let mut removed = Vec::new();
+        for slot in 0..self.next_fresh {
+            let e = self.entries[slot as usize];
+            match e.state {
+                State::Free => {}
+                State::Ready if e.pins == 0 => {
+                    self.release_slot(slot);
+                    removed.push(e.key.as_slice().to_vec());
+                }
+                // Announced as stored, so announced as removed now, since lookups miss it from now on.
+                State::Ready if e.live() => {
+                    self.entries[slot as usize].flags |= DOOMED;
+                    removed.push(e.key.as_slice().to_vec());
+                }
+                _ => self.entries[slot as usize].flags |= DOOMED,
+            }
+        }
+        self.policy.forget_history();
+        self.emit(EventKind::Removed, removed);
+    }
+
+    /// Drains the events recorded since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    pub fn stats(&self) -> Stats {
+        let mut stats = self.stats.clone();
+        stats.used_slots = u64::from(self.next_fresh) - self.free.len() as u64;
+        stats.metadata_bytes_per_slot = self.metadata_bytes() as f64 / f64::from(self.num_slots());
+        stats
+    }
+
+    fn metadata_bytes(&self) -> usize {
+        self.entries.capacity() * core::mem::size_of::<Entry>()
+            + self.index.allocation_size()
+            + self.free.capacity() * 4
+            + self.policy.heap_bytes()
+    }
+
+    /// The ARC target size for T1 (0 under LRU); exposed for tests and diagnostics.
+    pub fn arc_target_t1(&self) -> f64 {
+        self.policy.target_t1()
+    }
+
+    /// Checks every internal invariant; panics with a description on the first broken one.
+    /// For tests and debugging: O(num_slots).
+    pub fn check_invariants(&self) {
+        let mut ready = 0;
+        let mut pending = 0;
+        let mut pinned = 0;
+        let mut live_slots = 0u32;
+        for (slot, e) in self.entries.iter().enumerate() {
+            let slot = slot as u32;
+            if slot >= self.next_fresh {
+                assert_eq!(
+                    e.state,
+                    State::Free,
+                    "slot {slot} above the fresh mark is used"
+                );
+            }
+            match e.state {
+                State::Free => {
+                    assert_eq!(e.list, NO_LIST, "free slot {slot} is in a policy list");
+                    assert_eq!(e.pins, 0);
+                    continue;
+                }
+                State::Pending => {
+                    pending += 1;
+                    assert_eq!(e.pins, 0, "pending slot {slot} is pinned");
+                }
+                State::Ready => ready += 1,
+            }
+            assert_eq!(e.flags & PROTECTED, 0, "slot {slot} left protected");
+            live_slots += 1;
+            pinned += u64::from(e.pins > 0);
+            assert_eq!(
+                self.find_key(e.key.as_slice()),
+                Some(slot),
+                "slot {slot} is not indexed"
+            );
+            assert_ne!(e.list, NO_LIST, "slot {slot} is in no policy list");
+        }
+        assert_eq!(self.index.len() as u32, live_slots, "index size");
+        let mut free = self.free.clone();
+        free.sort_unstable();
+        free.dedup();
+        assert_eq!(free.len(), self.free.len(), "a slot is free twice");
+        for &s in &free {
+            assert!(
+                s < self.next_fresh && self.entries[s as usize].state == State::Free,
+                "free slot {s} is in use"
+            );
+        }
+        assert_eq!(
+            live_slots + free.len() as u32,
+            self.next_fresh,
+            "slots lost"
+        );
+        assert_eq!(
+            (ready, pending, pinned),
+            (self.stats.ready, self.stats.pending, self.stats.pinned),
+            "counters"
+        );
+        let mut in_lists = 0;
+        for list in 0..self.policy.num_lists() {
+            let members: Vec<u32> = self.policy.iter_list(&self.entries, list).collect();
+            assert_eq!(
+                members.len() as u32,
+                self.policy.list_len(list),
+                "list {list} length"
+            );
+            for s in members {
+                assert_eq!(
+                    self.entries[s as usize].list, list,
+                    "slot {s} in the wrong list"
+                );
+            }
+            in_lists += self.policy.list_len(list);
+        }
+        assert_eq!(
+            in_lists, live_slots,
+            "policy lists hold every live slot once"
+        );
+        assert!(
+            self.policy.ghost_count() <= self.num_slots() as usize,
+            "ghosts exceed capacity"
+        );
+    }
+
+    /// Keys from least to most recently used, per policy list (T1 then T2 under ARC).
+    pub fn recency_order(&self) -> Vec<Vec<Vec<u8>>> {
+        (0..self.policy.num_lists())
+            .map(|l| {
+                self.policy
+                    .iter_list(&self.entries, l)
+                    .map(|s| self.entries[s as usize].key.as_slice().to_vec())
+                    .collect()
+            })
+            .collect()
+    }
+}
