@@ -1,5 +1,18 @@
 # Hand-written stub for the PyO3 extension; `mypy.stubtest kvoffload._rust` checks it matches.
 from collections.abc import Iterable
+from typing import final
+
+__all__ = [
+    "MAX_KEY_LEN",
+    "POLICY_NAMES",
+    "InvalidStateError",
+    "KVOffloadError",
+    "Store",
+    "chunk_keys",
+    "load_window",
+    "loadable_tokens",
+    "storable_chunks",
+]
 
 MAX_KEY_LEN: int
 POLICY_NAMES: list[str]
@@ -7,6 +20,7 @@ POLICY_NAMES: list[str]
 class KVOffloadError(Exception): ...
 class InvalidStateError(KVOffloadError): ...
 
+@final
 class Store:
     def __new__(
         cls, num_slots: int, eviction_policy: str = "lru", enable_events: bool = False
@@ -17,7 +31,9 @@ class Store:
     def eviction_policy(self) -> str: ...
     @property
     def events_enabled(self) -> bool: ...
-    def prepare_store(self, keys: Iterable[bytes]) -> tuple[list[bytes], bytes, list[bytes]] | None: ...
+    def prepare_store(
+        self, keys: Iterable[bytes]
+    ) -> tuple[list[bytes], bytes, bytes, list[bytes]] | None: ...
     def complete_store(self, keys: Iterable[bytes], success: bool = True) -> None: ...
     def lookup_prefix(self, keys: Iterable[bytes]) -> tuple[int, bool]: ...
     def lookup(self, keys: Iterable[bytes]) -> bytes: ...
@@ -29,3 +45,28 @@ class Store:
     def stats(self) -> dict[str, int | float]: ...
     def recency_order(self) -> list[list[bytes]]: ...
     def check_invariants(self) -> None: ...
+
+def chunk_keys(
+    block_hashes: Iterable[bytes], blocks_per_chunk: int, group_idx: int, start_chunk: int
+) -> list[bytes]: ...
+def storable_chunks(
+    computed_tokens: int,
+    num_tokens: int,
+    num_prompt_tokens: int,
+    max_offload_tokens: int | None,
+    offload_prompt_only: bool,
+    tokens_per_chunk: int,
+    num_gpu_blocks: int,
+    blocks_per_chunk: int,
+    num_keys: int,
+) -> int: ...
+def load_window(
+    num_tokens: int,
+    num_local_tokens: int,
+    max_load_tokens: int | None,
+    num_keys: int,
+    tokens_per_chunk: int,
+) -> tuple[int, int, int] | None: ...
+def loadable_tokens(
+    window: tuple[int, int, int], hits: int, num_local_tokens: int, tokens_per_chunk: int
+) -> int: ...

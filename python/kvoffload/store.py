@@ -40,10 +40,12 @@ class PrefixLookup(NamedTuple):
 
 @dataclass(frozen=True)
 class StorePlan:
-    """What `prepare_store` accepted: write `keys[i]` to `slots[i]`, then call
-    `complete_store(keys)`. `evicted` left the store to make room, oldest first."""
+    """What `prepare_store` accepted: write `keys[i]` (at position `indices[i]` of the offer) to
+    `slots[i]`, then call `complete_store(keys)`. `evicted` left the store to make room, oldest
+    first."""
 
     keys: list[bytes]
+    indices: npt.NDArray[np.int64]
     slots: npt.NDArray[np.int64]
     evicted: list[bytes]
 
@@ -77,7 +79,7 @@ class StoreStats:
 _STATS_FIELDS = tuple(f.name for f in fields(StoreStats))
 
 
-def _slots(raw: bytes) -> npt.NDArray[np.int64]:
+def _int64s(raw: bytes) -> npt.NDArray[np.int64]:
     return np.frombuffer(raw, dtype=np.int64)
 
 
@@ -114,7 +116,7 @@ class CpuStore:
         self._inner = _rust.Store(n, eviction_policy, bool(enable_events))
 
     @property
-    def num_slots(self) -> int:
+    def num_int64s(self) -> int:
         return self._inner.num_slots
 
     @property
@@ -132,8 +134,8 @@ class CpuStore:
         out = self._inner.prepare_store(keys)
         if out is None:
             return None
-        to_write, slots, evicted = out
-        return StorePlan(to_write, _slots(slots), evicted)
+        to_write, indices, slots, evicted = out
+        return StorePlan(to_write, _int64s(indices), _int64s(slots), evicted)
 
     def complete_store(self, keys: Keys, success: bool = True) -> None:
         """Ends the stores of `keys` (all pending): ready on success; on failure they are removed
@@ -151,7 +153,7 @@ class CpuStore:
 
     def prepare_load(self, keys: Keys) -> npt.NDArray[np.int64]:
         """Pins every key (all must be ready) for a load and returns their slots."""
-        return _slots(self._inner.prepare_load(keys))
+        return _int64s(self._inner.prepare_load(keys))
 
     def complete_load(self, keys: Keys) -> None:
         """Unpins every key once (each must be pinned as often as it is listed)."""

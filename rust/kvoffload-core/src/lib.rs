@@ -3,6 +3,7 @@
 //! The Python package reaches this crate through the thin `kvoffload-py` binding; nothing here
 //! knows about Python.
 
+mod chunk;
 mod error;
 mod events;
 mod key;
@@ -10,6 +11,10 @@ mod list;
 mod policy;
 mod store;
 
+pub use chunk::{
+    chunk_keys, load_window, loadable_tokens, storable_chunks, LoadWindow, StoreBounds,
+    GROUP_SUFFIX_LEN,
+};
 pub use error::{Error, Result};
 pub use events::{Event, EventKind};
 pub use key::{validate_keys, MAX_KEY_LEN};

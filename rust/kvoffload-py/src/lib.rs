@@ -83,7 +83,7 @@ impl KeyBatch {
     }
 }
 
-fn slots_to_bytes<'py>(py: Python<'py>, slots: &[u32]) -> Bound<'py, PyBytes> {
+fn int64_bytes<'py>(py: Python<'py>, slots: &[u32]) -> Bound<'py, PyBytes> {
     let wide: Vec<i64> = slots.iter().map(|&s| i64::from(s)).collect();
     let raw: Vec<u8> = wide.iter().flat_map(|s| s.to_ne_bytes()).collect();
     PyBytes::new(py, &raw)
@@ -149,14 +149,22 @@ impl Store {
         Ok(self.lock()?.events_enabled())
     }
 
-    /// `None` when the store cannot take the keys now; else `(keys_to_write, slots_int64_bytes,
-    /// evicted_keys)`, where `keys_to_write` are the offered objects themselves.
+    /// `None` when the store cannot take the keys now; else `(keys_to_write, indices, slots,
+    /// evicted_keys)`: `keys_to_write` are the offered objects themselves, `indices` their
+    /// positions in the offer and `slots` their slots (both int64 bytes).
     #[allow(clippy::type_complexity)]
     fn prepare_store<'py>(
         &self,
         py: Python<'py>,
         keys: &Bound<'py, PyAny>,
-    ) -> PyResult<Option<(Bound<'py, PyList>, Bound<'py, PyBytes>, Bound<'py, PyList>)>> {
+    ) -> PyResult<
+        Option<(
+            Bound<'py, PyList>,
+            Bound<'py, PyBytes>,
+            Bound<'py, PyBytes>,
+            Bound<'py, PyList>,
+        )>,
+    > {
         let Some(plan) = self.with_keys(py, keys, |s, k| s.prepare_store(k))? else {
             return Ok(None);
         };
@@ -166,7 +174,8 @@ impl Store {
         }
         Ok(Some((
             to_write,
-            slots_to_bytes(py, &plan.slots),
+            int64_bytes(py, &plan.indices),
+            int64_bytes(py, &plan.slots),
             bytes_list(py, &plan.evicted)?,
         )))
     }
@@ -202,7 +211,7 @@ impl Store {
         keys: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let slots = self.with_keys(py, keys, |s, k| s.prepare_load(k))?;
-        Ok(slots_to_bytes(py, &slots))
+        Ok(int64_bytes(py, &slots))
     }
 
     fn complete_load(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -269,9 +278,92 @@ impl Store {
     }
 }
 
+/// Keys of the complete chunks `start_chunk..` (see `kvoffload_core::chunk_keys`).
+#[pyfunction]
+fn chunk_keys<'py>(
+    py: Python<'py>,
+    block_hashes: &Bound<'py, PyAny>,
+    blocks_per_chunk: usize,
+    group_idx: u32,
+    start_chunk: usize,
+) -> PyResult<Bound<'py, PyList>> {
+    let batch = KeyBatch::extract(block_hashes)?;
+    let keys = py.detach(|| {
+        kvoffload_core::chunk_keys(&batch.slices(), blocks_per_chunk, group_idx, start_chunk)
+    });
+    bytes_list(py, &keys.map_err(to_py)?)
+}
+
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn storable_chunks(
+    computed_tokens: u64,
+    num_tokens: u64,
+    num_prompt_tokens: u64,
+    max_offload_tokens: Option<u64>,
+    offload_prompt_only: bool,
+    tokens_per_chunk: u64,
+    num_gpu_blocks: u64,
+    blocks_per_chunk: u64,
+    num_keys: u64,
+) -> PyResult<u64> {
+    kvoffload_core::storable_chunks(&kvoffload_core::StoreBounds {
+        computed_tokens,
+        num_tokens,
+        num_prompt_tokens,
+        max_offload_tokens,
+        offload_prompt_only,
+        tokens_per_chunk,
+        num_gpu_blocks,
+        blocks_per_chunk,
+        num_keys,
+    })
+    .map_err(to_py)
+}
+
+/// `(first_chunk, end_chunk, max_hit_tokens)`, or `None` when no lookup is needed.
+#[pyfunction]
+fn load_window(
+    num_tokens: u64,
+    num_local_tokens: u64,
+    max_load_tokens: Option<u64>,
+    num_keys: u64,
+    tokens_per_chunk: u64,
+) -> PyResult<Option<(u64, u64, u64)>> {
+    let w = kvoffload_core::load_window(
+        num_tokens,
+        num_local_tokens,
+        max_load_tokens,
+        num_keys,
+        tokens_per_chunk,
+    )
+    .map_err(to_py)?;
+    Ok(w.map(|w| (w.first_chunk, w.end_chunk, w.max_hit_tokens)))
+}
+
+#[pyfunction]
+fn loadable_tokens(
+    window: (u64, u64, u64),
+    hits: u64,
+    num_local_tokens: u64,
+    tokens_per_chunk: u64,
+) -> u64 {
+    let (first_chunk, end_chunk, max_hit_tokens) = window;
+    let w = kvoffload_core::LoadWindow {
+        first_chunk,
+        end_chunk,
+        max_hit_tokens,
+    };
+    kvoffload_core::loadable_tokens(&w, hits, num_local_tokens, tokens_per_chunk)
+}
+
 #[pymodule]
 fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
+    m.add_function(wrap_pyfunction!(chunk_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(storable_chunks, m)?)?;
+    m.add_function(wrap_pyfunction!(load_window, m)?)?;
+    m.add_function(wrap_pyfunction!(loadable_tokens, m)?)?;
     m.add("KVOffloadError", m.py().get_type::<KVOffloadError>())?;
     m.add("InvalidStateError", m.py().get_type::<InvalidStateError>())?;
     m.add("MAX_KEY_LEN", kvoffload_core::MAX_KEY_LEN)?;

@@ -1,0 +1,25 @@
+"""The engine-agnostic scheduler side: per-request offload state, lookups and job planning."""
+
+from kvoffload.scheduler.config import OffloadConfig
+from kvoffload.scheduler.jobs import (
+    FinishPlan,
+    JobResult,
+    LoadJob,
+    RequestUpdate,
+    StepPlan,
+    StoreJob,
+)
+from kvoffload.scheduler.scheduler import OffloadScheduler
+from kvoffload.scheduler.stats import SchedulerStats
+
+__all__ = [
+    "FinishPlan",
+    "JobResult",
+    "LoadJob",
+    "OffloadConfig",
+    "OffloadScheduler",
+    "RequestUpdate",
+    "SchedulerStats",
+    "StepPlan",
+    "StoreJob",
+]

@@ -1,0 +1,86 @@
+"""What the scheduler hands the engine: plain data (ints, numpy arrays, bytes) that pickles to
+worker processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class StoreJob:
+    """Copy GPU blocks to CPU slots: chunk `i` is `gpu_block_ids[i*bpc:(i+1)*bpc]` → `slots[i]`."""
+
+    job_id: int
+    request_id: str
+    keys: list[bytes]
+    slots: IntArray
+    gpu_block_ids: IntArray
+    chunk_indices: IntArray
+    """Which chunks of the request these are (for tests, logs and events)."""
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    """Copy CPU slots to GPU blocks. The first `skip_leading_blocks` GPU blocks of the first chunk
+    are already on the GPU and are not written: `gpu_block_ids` lists only the blocks to write,
+    `len(slots) * blocks_per_chunk - skip_leading_blocks` of them."""
+
+    job_id: int
+    request_id: str
+    keys: list[bytes]
+    slots: IntArray
+    gpu_block_ids: IntArray
+    skip_leading_blocks: int
+    num_tokens: int
+    """Tokens this load provides beyond the request's local prefix."""
+    first_chunk: int
+
+
+@dataclass(frozen=True)
+class RequestUpdate:
+    """What one engine step did to a running request."""
+
+    request_id: str
+    num_computed_tokens: int
+    """Tokens whose KV exists once this step's forward pass is done."""
+    num_tokens: int
+    """The request's tokens so far (prompt + output)."""
+    new_block_ids: tuple[int, ...] | list[int] = ()
+    """GPU blocks allocated to the request in this step, appended to its block table."""
+    block_hashes: list[bytes] | None = None
+    """The request's block hashes so far (vLLM's `request.block_hashes`); `None`: unchanged."""
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    store_jobs: list[StoreJob] = field(default_factory=list)
+    flush_job_ids: list[int] = field(default_factory=list)
+    """In-flight store jobs that read a GPU block the engine just reallocated: wait for them
+    before the next forward pass."""
+
+
+@dataclass(frozen=True)
+class FinishPlan:
+    store_jobs: list[StoreJob]
+    """The last stores of the request (tokens computed but not yet offered)."""
+    hold_blocks: bool
+    """The request's GPU blocks are still read by stores: free them only once a `JobResult`
+    says `request_released`."""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    job_id: int
+    request_id: str
+    kind: Literal["store", "load"]
+    success: bool
+    failed_gpu_block_ids: IntArray
+    """For a failed load: the GPU blocks it did not fill, whose tokens must be recomputed."""
+    request_released: bool
+    """The request had finished and this was its last job: its GPU blocks may be freed."""

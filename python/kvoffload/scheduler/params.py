@@ -1,0 +1,37 @@
+"""Per-request `kv_transfer_params` caps, parsed with vLLM's contract: an invalid value is ignored
+with one warning, never an error that would fail the request."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+MAX_OFFLOAD_TOKENS = "max_offload_tokens"
+MAX_LOAD_TOKENS = "max_load_tokens"
+
+
+def parse_token_cap(
+    request_id: str, params: Mapping[str, Any] | None, key: str, ignored: dict[str, int]
+) -> int | None:
+    """The cap under `key`, or `None` when absent or invalid. Only `type(v) is int and v >= 0`
+    is accepted (so `True`, `"8"`, `8.5` and `-1` are not); each rejection warns once and counts
+    in `ignored[key]`."""
+    if not params:
+        return None
+    raw = params.get(key)
+    if raw is None:
+        return None
+    if type(raw) is int and raw >= 0:
+        return raw
+    logger.warning(
+        "request %s: kv_transfer_params[%r]=%r (%s) is not a non-negative int; ignoring it",
+        request_id,
+        key,
+        raw,
+        type(raw).__name__,
+    )
+    ignored[key] = ignored.get(key, 0) + 1
+    return None

@@ -1,0 +1,344 @@
+"""`OffloadScheduler`: per-request offload state, lookups, and store/load job planning.
+
+Engine-agnostic: it speaks in request ids, token counts, block hashes and GPU block ids; the vLLM
+adapter translates. The call order for one request:
+
+1. `add_request` when it arrives (parses its `kv_transfer_params` caps);
+2. `lookup` when the engine considers scheduling it (may repeat; pins nothing);
+3. `on_allocated` with its GPU block table once scheduled → the `LoadJob`, if any;
+4. `plan_step` after every engine step → `StoreJob`s and jobs to flush;
+5. `complete_job` for every finished job; `preempt_request` / `finish_request` as they happen.
+
+Between `lookup` and `on_allocated` of one step, nothing may call `plan_step` (which can evict
+the chunks the lookup found).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from kvoffload import _rust
+from kvoffload.scheduler.config import OffloadConfig
+from kvoffload.scheduler.jobs import (
+    FinishPlan,
+    IntArray,
+    JobResult,
+    LoadJob,
+    RequestUpdate,
+    StepPlan,
+    StoreJob,
+)
+from kvoffload.scheduler.params import MAX_LOAD_TOKENS, MAX_OFFLOAD_TOKENS, parse_token_cap
+from kvoffload.scheduler.stats import SchedulerStats
+from kvoffload.store import CpuStore
+
+logger = logging.getLogger(__name__)
+
+_GROUP_IDX = 0  # one attention group is supported (OffloadConfig refuses more)
+_NO_BLOCKS: IntArray = np.empty(0, dtype=np.int64)
+
+
+@dataclass
+class _Request:
+    request_id: str
+    num_prompt_tokens: int
+    max_offload_tokens: int | None
+    max_load_tokens: int | None
+    num_tokens: int = 0
+    keys: list[bytes] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    stored_chunks: int = 0
+    """Chunks `[0, stored_chunks)` were offered to the store (or loaded, or local)."""
+    planned_load: tuple[int, int] | None = None
+    """`(num_local_tokens, loadable_tokens)` of the last lookup."""
+    jobs: set[int] = field(default_factory=set)
+    finished: bool = False
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    kind: Literal["store", "load"]
+    request_id: str
+    keys: list[bytes]
+    gpu_block_ids: IntArray
+
+
+class OffloadScheduler:
+    def __init__(self, config: OffloadConfig, store: CpuStore, *, bytes_per_chunk: int = 0) -> None:
+        """`bytes_per_chunk` (all workers together) only feeds the byte counters of the stats."""
+        self.config = config
+        self.store = store
+        self.bytes_per_chunk = bytes_per_chunk
+        self._requests: dict[str, _Request] = {}
+        self._jobs: dict[int, _InFlight] = {}
+        self._next_job_id = 0
+        self._stats = SchedulerStats()
+
+    @classmethod
+    def create(
+        cls, config: OffloadConfig, bytes_per_chunk: int, *, enable_events: bool = False
+    ) -> OffloadScheduler:
+        """A scheduler with its own CPU-tier store sized from `config.cpu_bytes_to_use`."""
+        store = CpuStore(
+            config.num_slots(bytes_per_chunk),
+            config.eviction_policy,
+            enable_events=enable_events,
+        )
+        return cls(config, store, bytes_per_chunk=bytes_per_chunk)
+
+    # --- request lifecycle -------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        num_prompt_tokens: int,
+        kv_transfer_params: Mapping[str, Any] | None = None,
+    ) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request_id={request_id!r} is already tracked")
+        if type(num_prompt_tokens) is not int or num_prompt_tokens < 0:
+            raise ValueError(
+                f"num_prompt_tokens={num_prompt_tokens!r} is invalid: expected an int >= 0"
+            )
+        ignored = self._stats.ignored_params
+        self._requests[request_id] = _Request(
+            request_id,
+            num_prompt_tokens,
+            max_offload_tokens=parse_token_cap(
+                request_id, kv_transfer_params, MAX_OFFLOAD_TOKENS, ignored
+            ),
+            max_load_tokens=parse_token_cap(
+                request_id, kv_transfer_params, MAX_LOAD_TOKENS, ignored
+            ),
+            num_tokens=num_prompt_tokens,
+        )
+
+    def lookup(
+        self, request_id: str, num_local_tokens: int, num_tokens: int, block_hashes: Sequence[bytes]
+    ) -> int | None:
+        """Tokens beyond the `num_local_tokens` already on the GPU that can be loaded from the CPU
+        tier (0 or at least one chunk), or `None`: ask again next step (a needed chunk is still
+        being stored, or the request still has jobs in flight from before a preemption)."""
+        req = self._request(request_id)
+        # (Re)starting at token 0: the engine hands over the whole block table in on_allocated.
+        req.block_ids = []
+        req.stored_chunks = 0
+        req.planned_load = None
+        req.num_tokens = num_tokens
+        if req.jobs:
+            self._stats.deferred_lookups += 1
+            return None
+        self._extend_keys(req, block_hashes)
+        tpc = self.config.tokens_per_chunk
+        window = _rust.load_window(
+            num_tokens, num_local_tokens, req.max_load_tokens, len(req.keys), tpc
+        )
+        if window is None:
+            return 0
+        first, end, _ = window
+        self._stats.lookups += 1
+        hits, pending = self.store.lookup_prefix(req.keys[first:end])
+        if pending:
+            self._stats.deferred_lookups += 1
+            return None
+        loadable = _rust.loadable_tokens(window, hits, num_local_tokens, tpc)
+        if loadable:
+            req.planned_load = (num_local_tokens, loadable)
+        return loadable
+
+    def on_allocated(
+        self, request_id: str, block_ids: Sequence[int], num_external_tokens: int = 0
+    ) -> LoadJob | None:
+        """The engine scheduled the request with this GPU block table and accepted
+        `num_external_tokens` from the last `lookup` (0, or all it offered). Pins the chunks and
+        returns the load, if any."""
+        req = self._request(request_id)
+        req.block_ids = list(block_ids)
+        planned, req.planned_load = req.planned_load, None
+        if num_external_tokens == 0:
+            return None
+        if planned is None or num_external_tokens != planned[1]:
+            offered = 0 if planned is None else planned[1]
+            raise ValueError(
+                f"num_external_tokens={num_external_tokens} for request {request_id!r} is not "
+                f"what its last lookup offered ({offered}); pass 0 or {offered}"
+            )
+        num_local, loadable = planned
+        tpc, bpc = self.config.tokens_per_chunk, self.config.blocks_per_chunk
+        first = num_local // tpc
+        end = -(-(num_local + loadable) // tpc)
+        if end * bpc > len(req.block_ids):
+            raise ValueError(
+                f"block_ids has {len(req.block_ids)} blocks for request {request_id!r}; "
+                f"the load needs {end * bpc}"
+            )
+        keys = req.keys[first:end]
+        slots = self.store.prepare_load(keys)
+        self.store.touch(keys)
+        skip = (num_local - first * tpc) // self.config.tokens_per_block
+        dst = np.asarray(req.block_ids[first * bpc + skip : end * bpc], dtype=np.int64)
+        job_id = self._track("load", req, keys, dst)
+        # Loaded chunks are in the CPU tier already; chunks before them are on the GPU.
+        req.stored_chunks = max(req.stored_chunks, end)
+        self._stats.load_jobs += 1
+        self._stats.hit_tokens += loadable
+        return LoadJob(job_id, request_id, keys, slots, dst, skip, loadable, first)
+
+    def plan_step(
+        self, updates: Iterable[RequestUpdate], reallocated_block_ids: Iterable[int] = ()
+    ) -> StepPlan:
+        """After an engine step: the stores of every updated request, and the in-flight jobs
+        that touch a GPU block the engine reallocated (flush them before the next forward)."""
+        flush = self._jobs_touching(reallocated_block_ids)
+        jobs = [job for u in updates if (job := self._apply_update(u)) is not None]
+        return StepPlan(jobs, flush)
+
+    def preempt_request(self, request_id: str) -> list[int]:
+        """The engine takes the request's GPU blocks back. Returns its in-flight jobs: wait for
+        them before those blocks are reused. Its stored chunks stay in the CPU tier."""
+        req = self._request(request_id)
+        req.block_ids = []
+        req.planned_load = None
+        return sorted(req.jobs)
+
+    def finish_request(self, request_id: str, final: RequestUpdate | None = None) -> FinishPlan:
+        """The request finished or was aborted. `final` reports tokens computed since the last
+        `plan_step`, so their chunks are stored too. Keep its GPU blocks while `hold_blocks`."""
+        req = self._request(request_id)
+        jobs = [] if final is None or (job := self._apply_update(final)) is None else [job]
+        # Refresh recency once per request, in prefix order: its head outlives its tail.
+        self.store.touch(req.keys[: req.stored_chunks])
+        req.finished = True
+        if not req.jobs:
+            del self._requests[request_id]
+        return FinishPlan(jobs, hold_blocks=bool(req.jobs))
+
+    def complete_job(self, job_id: int, success: bool) -> JobResult:
+        """A transfer ended. A failed store drops its chunks; a failed load reports the GPU blocks
+        it did not fill (recompute them)."""
+        job = self._jobs.pop(job_id, None)
+        if job is None:
+            raise ValueError(f"job_id={job_id!r} is not in flight")
+        req = self._requests[job.request_id]
+        req.jobs.discard(job_id)
+        n = len(job.keys)
+        if job.kind == "store":
+            self.store.complete_store(job.keys, success)
+            if success:
+                self._stats.chunks_stored += n
+                self._stats.bytes_stored += n * self.bytes_per_chunk
+            else:
+                self._stats.store_failures += 1
+        else:
+            self.store.complete_load(job.keys)
+            if success:
+                self._stats.chunks_loaded += n
+                self._stats.bytes_loaded += n * self.bytes_per_chunk
+            else:
+                self._stats.load_failures += 1
+                logger.warning(
+                    "load job %d of request %s failed: its %d tokens' blocks are recomputed",
+                    job_id,
+                    req.request_id,
+                    len(job.gpu_block_ids) * self.config.tokens_per_block,
+                )
+        released = req.finished and not req.jobs
+        if released:
+            del self._requests[req.request_id]
+        failed = job.gpu_block_ids if job.kind == "load" and not success else _NO_BLOCKS
+        return JobResult(job_id, job.request_id, job.kind, success, failed, released)
+
+    def stats(self) -> SchedulerStats:
+        return copy.deepcopy(self._stats)
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    @property
+    def jobs_in_flight(self) -> list[int]:
+        return sorted(self._jobs)
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _request(self, request_id: str) -> _Request:
+        try:
+            return self._requests[request_id]
+        except KeyError:
+            raise ValueError(
+                f"request_id={request_id!r} is not tracked (add_request it first, or it finished)"
+            ) from None
+
+    def _extend_keys(self, req: _Request, block_hashes: Sequence[bytes]) -> None:
+        bpc = self.config.blocks_per_chunk
+        # Only the new tail crosses into Rust: keys of earlier chunks never change.
+        start = len(req.keys) * bpc
+        if len(block_hashes) - start >= bpc:
+            req.keys += _rust.chunk_keys(block_hashes[start:], bpc, _GROUP_IDX, 0)
+
+    def _track(
+        self, kind: Literal["store", "load"], req: _Request, keys: list[bytes], blocks: IntArray
+    ) -> int:
+        job_id = self._next_job_id
+        self._next_job_id += 1
+        self._jobs[job_id] = _InFlight(kind, req.request_id, keys, blocks)
+        req.jobs.add(job_id)
+        return job_id
+
+    def _apply_update(self, u: RequestUpdate) -> StoreJob | None:
+        req = self._request(u.request_id)
+        if req.finished:
+            raise ValueError(f"request_id={u.request_id!r} already finished")
+        req.block_ids.extend(u.new_block_ids)
+        if u.block_hashes is not None:
+            self._extend_keys(req, u.block_hashes)
+        req.num_tokens = u.num_tokens
+        return self._plan_store(req, u.num_computed_tokens)
+
+    def _plan_store(self, req: _Request, num_computed_tokens: int) -> StoreJob | None:
+        cfg = self.config
+        bpc = cfg.blocks_per_chunk
+        n = _rust.storable_chunks(
+            num_computed_tokens,
+            req.num_tokens,
+            req.num_prompt_tokens,
+            req.max_offload_tokens,
+            cfg.offload_prompt_only,
+            cfg.tokens_per_chunk,
+            len(req.block_ids),
+            bpc,
+            len(req.keys),
+        )
+        start = req.stored_chunks
+        if n <= start:
+            return None
+        plan = self.store.prepare_store(req.keys[start:n])
+        if plan is None:
+            # The frontier stays: the same chunks are offered again next step.
+            self._stats.store_refusals += 1
+            return None
+        req.stored_chunks = n
+        if not plan.keys:
+            return None
+        chunks = np.asarray(req.block_ids[start * bpc : n * bpc], dtype=np.int64).reshape(-1, bpc)
+        src = chunks[plan.indices].reshape(-1)
+        job_id = self._track("store", req, plan.keys, src)
+        self._stats.store_jobs += 1
+        return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, plan.indices + start)
+
+    def _jobs_touching(self, block_ids: Iterable[int]) -> list[int]:
+        if not self._jobs:
+            return []
+        realloc = np.fromiter(block_ids, dtype=np.int64)
+        if not realloc.size:
+            return []
+        return sorted(
+            job_id
+            for job_id, job in self._jobs.items()
+            if np.isin(job.gpu_block_ids, realloc).any()
+        )

@@ -1,0 +1,27 @@
+"""Counters of the scheduler side, for logs and vLLM's metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SchedulerStats:
+    lookups: int = 0
+    """Prefix lookups that reached the CPU-tier store."""
+    deferred_lookups: int = 0
+    """Lookups answered "retry next step" (a key still being stored, or jobs in flight)."""
+    hit_tokens: int = 0
+    """Tokens scheduled to be loaded instead of recomputed."""
+    load_jobs: int = 0
+    chunks_loaded: int = 0
+    bytes_loaded: int = 0
+    load_failures: int = 0
+    store_jobs: int = 0
+    chunks_stored: int = 0
+    bytes_stored: int = 0
+    store_failures: int = 0
+    store_refusals: int = 0
+    """Store offers the CPU tier could not take (full of pinned or pending chunks); retried."""
+    ignored_params: dict[str, int] = field(default_factory=dict)
+    """Invalid per-request `kv_transfer_params` values ignored, by key."""

@@ -1,0 +1,252 @@
+//! Chunk arithmetic of the scheduler (SPEC section 4), as pure functions.
+
+use crate::error::{Error, Result};
+use crate::key::MAX_KEY_LEN;
+
+/// Bytes of the KV-group index appended to a block hash to make a key (vLLM's `OffloadKey`).
+pub const GROUP_SUFFIX_LEN: usize = 4;
+
+/// Keys of complete chunks `start_chunk..`, one per chunk: the block hash of the chunk's last GPU
+/// block (index `(i+1)*blocks_per_chunk - 1`) followed by the big-endian group index. Chunks whose
+/// last block has no hash yet are not complete and get no key.
+pub fn chunk_keys<H: AsRef<[u8]>>(
+    block_hashes: &[H],
+    blocks_per_chunk: usize,
+    group_idx: u32,
+    start_chunk: usize,
+) -> Result<Vec<Vec<u8>>> {
+    positive("blocks_per_chunk", blocks_per_chunk as u64)?;
+    let suffix = group_idx.to_be_bytes();
+    let num_chunks = block_hashes.len() / blocks_per_chunk;
+    (start_chunk..num_chunks)
+        .map(|i| {
+            let index = (i + 1) * blocks_per_chunk - 1;
+            let hash = block_hashes[index].as_ref();
+            if hash.is_empty() || hash.len() + GROUP_SUFFIX_LEN > MAX_KEY_LEN {
+                return Err(Error::InvalidArgument {
+                    name: "block_hashes",
+                    value: format!("an entry of {} bytes at index {index}", hash.len()),
+                    allowed: "block hashes of 1..=60 bytes (60 + 4-byte group index = 64-byte key)",
+                });
+            }
+            let mut key = Vec::with_capacity(hash.len() + GROUP_SUFFIX_LEN);
+            key.extend_from_slice(hash);
+            key.extend_from_slice(&suffix);
+            Ok(key)
+        })
+        .collect()
+}
+
+/// The per-request numbers that bound a store.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreBounds {
+    /// Tokens whose KV exists after this step (the engine's `num_computed_tokens`).
+    pub computed_tokens: u64,
+    /// The request's tokens so far (prompt + output).
+    pub num_tokens: u64,
+    pub num_prompt_tokens: u64,
+    pub max_offload_tokens: Option<u64>,
+    pub offload_prompt_only: bool,
+    pub tokens_per_chunk: u64,
+    pub num_gpu_blocks: u64,
+    pub blocks_per_chunk: u64,
+    /// Chunks that have a key (their last block is hashed).
+    pub num_keys: u64,
+}
+
+/// How many leading chunks of a request may be stored now: the tokens computed, clamped by the
+/// request's length, `max_offload_tokens` and (if `offload_prompt_only`) the prompt, counted in
+/// whole chunks, and never beyond the GPU blocks allocated or the chunks that have keys.
+pub fn storable_chunks(b: &StoreBounds) -> Result<u64> {
+    positive("tokens_per_chunk", b.tokens_per_chunk)?;
+    positive("blocks_per_chunk", b.blocks_per_chunk)?;
+    let mut n = b.computed_tokens.min(b.num_tokens);
+    if let Some(cap) = b.max_offload_tokens {
+        n = n.min(cap);
+    }
+    if b.offload_prompt_only {
+        n = n.min(b.num_prompt_tokens);
+    }
+    Ok((n / b.tokens_per_chunk)
+        .min(b.num_gpu_blocks / b.blocks_per_chunk)
+        .min(b.num_keys))
+}
+
+/// The chunks a lookup must examine: keys `first_chunk..end_chunk`, and the token bound a hit
+/// range may not pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadWindow {
+    pub first_chunk: u64,
+    pub end_chunk: u64,
+    pub max_hit_tokens: u64,
+}
+
+/// The lookup window for a request with `num_local_tokens` already on the GPU, or `None` when
+/// less than one chunk could be loaded, so no lookup is needed at all.
+pub fn load_window(
+    num_tokens: u64,
+    num_local_tokens: u64,
+    max_load_tokens: Option<u64>,
+    num_keys: u64,
+    tokens_per_chunk: u64,
+) -> Result<Option<LoadWindow>> {
+    positive("tokens_per_chunk", tokens_per_chunk)?;
+    let mut max_hit = num_tokens;
+    if let Some(cap) = max_load_tokens {
+        max_hit = max_hit.min(num_local_tokens.saturating_add(cap));
+    }
+    max_hit = max_hit.min(num_keys.saturating_mul(tokens_per_chunk));
+    if max_load_tokens.is_some() {
+        max_hit -= max_hit % tokens_per_chunk;
+    }
+    if max_hit < num_local_tokens.saturating_add(tokens_per_chunk) {
+        return Ok(None);
+    }
+    Ok(Some(LoadWindow {
+        first_chunk: num_local_tokens / tokens_per_chunk,
+        end_chunk: max_hit.div_ceil(tokens_per_chunk),
+        max_hit_tokens: max_hit,
+    }))
+}
+
+/// Tokens loadable beyond the local prefix when the first `hits` keys of `window` are ready;
+/// 0 when that is less than one chunk.
+pub fn loadable_tokens(
+    window: &LoadWindow,
+    hits: u64,
+    num_local_tokens: u64,
+    tokens_per_chunk: u64,
+) -> u64 {
+    let end = window
+        .max_hit_tokens
+        .min(tokens_per_chunk * (window.first_chunk + hits));
+    match end.checked_sub(num_local_tokens) {
+        Some(n) if n >= tokens_per_chunk => n,
+        _ => 0,
+    }
+}
+
+fn positive(name: &'static str, v: u64) -> Result<()> {
+    if v == 0 {
+        return Err(Error::InvalidArgument {
+            name,
+            value: "0".into(),
+            allowed: "an integer >= 1",
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TPC: u64 = 12;
+
+    fn window(num_tokens: u64, local: u64, cap: Option<u64>, keys: u64) -> Option<LoadWindow> {
+        load_window(num_tokens, local, cap, keys, TPC).unwrap()
+    }
+
+    /// Loadable tokens when every key in the window is ready.
+    fn all_hit(num_tokens: u64, local: u64, cap: Option<u64>, keys: u64) -> u64 {
+        window(num_tokens, local, cap, keys).map_or(0, |w| {
+            loadable_tokens(&w, w.end_chunk - w.first_chunk, local, TPC)
+        })
+    }
+
+    #[test]
+    fn keys_take_the_last_hash_of_each_chunk_plus_group() {
+        let hashes: Vec<Vec<u8>> = (0u8..7).map(|i| vec![i; 2]).collect();
+        let keys = chunk_keys(&hashes, 3, 1, 0).unwrap();
+        assert_eq!(keys, vec![vec![2, 2, 0, 0, 0, 1], vec![5, 5, 0, 0, 0, 1]]);
+        assert_eq!(
+            chunk_keys(&hashes, 3, 1, 1).unwrap(),
+            vec![vec![5, 5, 0, 0, 0, 1]]
+        );
+        assert!(chunk_keys(&hashes, 3, 1, 5).unwrap().is_empty());
+        assert!(chunk_keys(&hashes, 0, 0, 0).is_err());
+        assert!(chunk_keys(&[vec![0u8; 61]], 1, 0, 0).is_err());
+    }
+
+    #[test]
+    fn load_window_matches_the_seed_scenarios() {
+        // Second request of 40 tokens after a first one stored 3 chunks (36 tokens).
+        assert_eq!(all_hit(40, 0, None, 3), 36);
+        assert_eq!(window(40, 0, Some(0), 3), None);
+        assert_eq!(window(40, 0, Some(11), 3), None);
+        assert_eq!(all_hit(40, 0, Some(24), 3), 24);
+        assert_eq!(all_hit(40, 0, Some(30), 3), 24);
+        assert_eq!(all_hit(40, 12, Some(12), 3), 12);
+        let w = window(40, 12, Some(12), 3).unwrap();
+        assert_eq!((w.first_chunk, w.end_chunk), (1, 2));
+        // Local prefix not chunk-aligned: still whole chunks 0..3.
+        let w = window(40, 4, None, 3).unwrap();
+        assert_eq!((w.first_chunk, w.end_chunk, w.max_hit_tokens), (0, 3, 36));
+        assert_eq!(loadable_tokens(&w, 3, 4, TPC), 32);
+    }
+
+    #[test]
+    fn partial_hits_and_short_hits() {
+        let w = window(40, 0, None, 3).unwrap();
+        assert_eq!(loadable_tokens(&w, 0, 0, TPC), 0);
+        assert_eq!(loadable_tokens(&w, 2, 0, TPC), 24);
+        // Local 20 tokens, hits up to 24: only 4 more, less than a chunk.
+        let w = window(40, 20, None, 3).unwrap();
+        assert_eq!(loadable_tokens(&w, 1, 20, TPC), 0);
+        assert_eq!(loadable_tokens(&w, 2, 20, TPC), 16);
+        // Without a cap, a window can end mid-chunk: the last chunk's key covers num_tokens.
+        let w = window(30, 0, None, 3).unwrap();
+        assert_eq!((w.end_chunk, w.max_hit_tokens), (3, 30));
+    }
+
+    fn bounds(
+        computed: u64,
+        num_tokens: u64,
+        prompt: u64,
+        cap: Option<u64>,
+        prompt_only: bool,
+    ) -> StoreBounds {
+        StoreBounds {
+            computed_tokens: computed,
+            num_tokens,
+            num_prompt_tokens: prompt,
+            max_offload_tokens: cap,
+            offload_prompt_only: prompt_only,
+            tokens_per_chunk: TPC,
+            num_gpu_blocks: 100,
+            blocks_per_chunk: 3,
+            num_keys: 100,
+        }
+    }
+
+    #[test]
+    fn storable_chunks_applies_every_clamp() {
+        assert_eq!(storable_chunks(&bounds(72, 73, 24, None, true)).unwrap(), 2);
+        assert_eq!(storable_chunks(&bounds(72, 73, 30, None, true)).unwrap(), 2);
+        assert_eq!(
+            storable_chunks(&bounds(72, 73, 24, None, false)).unwrap(),
+            6
+        );
+        assert_eq!(
+            storable_chunks(&bounds(36, 37, 36, Some(24), false)).unwrap(),
+            2
+        );
+        assert_eq!(
+            storable_chunks(&bounds(36, 37, 36, Some(25), false)).unwrap(),
+            2
+        );
+        assert_eq!(
+            storable_chunks(&bounds(36, 37, 36, Some(0), false)).unwrap(),
+            0
+        );
+        assert_eq!(
+            storable_chunks(&bounds(50, 40, 40, None, false)).unwrap(),
+            3
+        );
+        let mut b = bounds(72, 73, 72, None, false);
+        b.num_gpu_blocks = 8;
+        assert_eq!(storable_chunks(&b).unwrap(), 2);
+        b.num_keys = 1;
+        assert_eq!(storable_chunks(&b).unwrap(), 1);
+    }
+}

@@ -1,0 +1,101 @@
+"""Store planning: offload_prompt_only and max_offload_tokens, with exact GPU block offsets."""
+
+import logging
+
+import pytest
+
+from kvoffload.scheduler import RequestUpdate
+from sched_driver import Engine, block_hashes, make_scheduler
+
+TOKENS = list(range(1, 201))
+
+
+@pytest.fixture(params=[0, 1], ids=["same-step", "one-step-late"])
+def lag(request):
+    return request.param
+
+
+def distinct_offered(store):
+    return {k for batch in store.offered for k in batch}
+
+
+def test_prompt_only_stores_only_prompt_chunks(lag):
+    sched, store = make_scheduler()
+    r = Engine(sched, lag).run("a", TOKENS, num_prompt_tokens=24, kv_tokens=72)
+    assert r.stored_offsets == set(range(6))
+    assert len(distinct_offered(store)) == 2
+    assert sched.stats().chunks_stored == 2
+
+
+def test_partial_prompt_chunk_is_never_stored(lag):
+    sched, store = make_scheduler()
+    r = Engine(sched, lag).run("a", TOKENS, num_prompt_tokens=30, kv_tokens=72)
+    assert r.stored_offsets == set(range(6))
+    assert len(distinct_offered(store)) == 2
+
+
+def test_decode_chunks_stored_when_prompt_only_is_off(lag):
+    sched, store = make_scheduler(offload_prompt_only=False)
+    r = Engine(sched, lag).run("a", TOKENS, num_prompt_tokens=24, kv_tokens=72)
+    assert r.stored_offsets == set(range(18))
+    assert len(distinct_offered(store)) == 6
+    assert sched.stats().bytes_stored == 6 * 1000
+
+
+@pytest.mark.parametrize(
+    ("cap", "expected", "warns"),
+    [
+        (None, set(range(9)), False),
+        ("24", set(range(9)), True),
+        (24.5, set(range(9)), True),
+        (-1, set(range(9)), True),
+        (True, set(range(9)), True),
+        (0, set(), False),
+        (24, set(range(6)), False),
+        (25, set(range(6)), False),
+    ],
+)
+def test_max_offload_tokens(lag, caplog, cap, expected, warns):
+    sched, store = make_scheduler(offload_prompt_only=False)
+    params = None if cap is None else {"max_offload_tokens": cap}
+    with caplog.at_level(logging.WARNING, logger="kvoffload"):
+        r = Engine(sched, lag).run("req-7", TOKENS, 36, kv_tokens=37, params=params)
+    assert r.stored_offsets == expected
+    warnings = [
+        rec.getMessage() for rec in caplog.records if "max_offload_tokens" in rec.getMessage()
+    ]
+    if warns:
+        assert len(warnings) == 1
+        assert "req-7" in warnings[0]
+        assert repr(cap) in warnings[0]
+        assert type(cap).__name__ in warnings[0]
+        assert sched.stats().ignored_params == {"max_offload_tokens": 1}
+    else:
+        assert warnings == []
+        assert sched.stats().ignored_params == {}
+    # Lookups happen whatever the cap: the request had 3 complete chunks to look for.
+    assert sched.stats().lookups == 1
+    if cap == 0:
+        assert store.offered == []
+
+
+def test_full_tier_refuses_and_offers_same_chunks_again():
+    sched, store = make_scheduler(num_slots=2, offload_prompt_only=False)
+    eng = Engine(sched, lag=1)  # jobs stay in flight for a step: the two slots stay pending
+    eng.start("a", TOKENS, 36)
+    hashes = block_hashes(TOKENS[:37])
+    table_update = RequestUpdate("a", 24, 37, (), hashes)
+    plan = sched.plan_step([table_update])
+    assert [list(j.chunk_indices) for j in plan.store_jobs] == [[0, 1]]
+    # Chunk 2 needs a third slot while chunks 0 and 1 are still pending: refused.
+    plan = sched.plan_step([RequestUpdate("a", 36, 37, (), hashes)])
+    assert plan.store_jobs == []
+    assert sched.stats().store_refusals == 1
+    refused = store.offered[-1]
+    # Completing the stores makes chunks 0/1 evictable; chunk 2 is offered again.
+    for job_id in sched.jobs_in_flight:
+        sched.complete_job(job_id, True)
+    plan = sched.plan_step([RequestUpdate("a", 36, 37, (), hashes)])
+    assert store.offered[-1] == refused
+    assert [list(j.chunk_indices) for j in plan.store_jobs] == [[2]]
+    assert [int(b) % 1000 for b in plan.store_jobs[0].gpu_block_ids] == [6, 7, 8]
