@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
 
-.PHONY: all venv build test lint test-rust test-python bench run clean
+.PHONY: all venv build test lint test-rust test-python bench run wheel gpu-check clean
 
 all: build
 
@@ -49,6 +49,13 @@ bench: build
 
 run: build
 	$(VENV)/bin/kvoffload simulate
+
+# The abi3 wheel benches/gpu_check.sh installs on a GPU host (no Rust there).
+wheel: $(VENV)/.deps
+	$(VENV)/bin/maturin build --release --out dist
+
+gpu-check: build
+	benches/gpu_check.sh
 
 clean:
 	cargo clean

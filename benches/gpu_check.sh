@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# GPU check of the transfer engine: runs the gpu-marked tests, then prints the bandwidth table
+# (GB/s of the engine, the per-block copy loop and one large copy; D2H, H2D and both at once).
+# Without a CUDA device the tests skip and the table is measured in CPU mode with small sizes.
+#
+# The package comes from a prebuilt abi3 wheel when there is one (a GPU host needs no Rust and no
+# network): $KVOFFLOAD_WHEEL, else the newest *.whl in dist/, target/wheels/, the checkout root or
+# the folder that holds the checkout. It is installed with `pip install --no-deps --target` into a
+# temporary folder put on PYTHONPATH, for $PYTHON (default python3). Without a wheel the
+# checkout's .venv is used (`make build` installs the package there).
+# When $OUT is set, the test log and the table are also written there.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+shopt -s nullglob
+wheel=${KVOFFLOAD_WHEEL:-}
+if [[ -z $wheel ]]; then
+    candidates=("$root"/dist/*.whl "$root"/target/wheels/*.whl "$root"/*.whl "$root"/../*.whl)
+    if ((${#candidates[@]})); then
+        wheel=$(ls -t "${candidates[@]}" | head -n 1)
+    fi
+fi
+
+if [[ -n $wheel ]]; then
+    py=${PYTHON:-python3}
+    site=$(mktemp -d)
+    trap 'rm -rf "$site"' EXIT
+    "$py" -m pip install --quiet --no-deps --no-index --disable-pip-version-check \
+        --target "$site" "$wheel"
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    echo "kvoffload from $wheel"
+elif [[ -x $root/.venv/bin/python ]]; then
+    py=$root/.venv/bin/python
+    echo "kvoffload from $root/.venv (no wheel found)"
+else
+    echo "gpu_check: no wheel (set KVOFFLOAD_WHEEL or put one in dist/: maturin build --release)" \
+        "and no .venv (make build)" >&2
+    exit 2
+fi
+
+"$py" - <<'PY'
+import sys
+
+import torch
+
+import kvoffload
+
+cuda = torch.cuda.is_available()
+device = torch.cuda.get_device_name() if cuda else "none (CPU mode)"
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA device: {device}")
+print(f"kvoffload {kvoffload.__version__} at {kvoffload.__file__}")
+PY
+
+out=${OUT:-}
+[[ -n $out ]] && mkdir -p "$out"
+status=0
+if "$py" -c "import pytest" 2>/dev/null; then
+    # -p no:cacheprovider: the checkout may be read-only.
+    "$py" -m pytest "$root/tests/transfer" -m gpu -q -p no:cacheprovider --rootdir "$root" \
+        2>&1 | tee ${out:+"$out/gpu_tests.txt"} || status=$?
+else
+    echo "gpu_check: pytest is not installed for $py; the GPU tests did not run" >&2
+    status=3
+fi
+
+"$py" -m kvoffload.transfer.bandwidth ${out:+--out "$out"}
+exit "$status"

@@ -1,0 +1,222 @@
+"""Validation of one transfer job and the list of copies that carries it out (numpy only).
+
+All sizes and offsets here are in units of the layout's `unit` dtype. A slot holds its chunk
+segment-major: segment 0's pages of the chunk's blocks in block order, then segment 1's, ... So
+one segment's pages of consecutive GPU blocks are contiguous on both sides and merge into one copy.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+CopyPath = Literal["auto", "direct", "batched", "per_block"]
+COPY_PATHS: tuple[CopyPath, ...] = ("auto", "direct", "batched", "per_block")
+"""`direct`: one copy per run of blocks contiguous on both sides. `batched`: whole chunks are
+gathered into (stores) or scattered from (loads) a GPU staging buffer with one index kernel per
+segment, so the PCIe copies are whole runs of slots. `auto`: `direct` when its copies average at
+least `min_direct_copy_bytes`, else `batched`. `per_block`: one copy per block and segment, the
+baseline benchmarks compare against."""
+
+Ids = npt.NDArray[np.int64]
+
+
+class Run(NamedTuple):
+    """One copy: `length` units of `segment` from `gpu` (relative to its block 0) to/from `cpu`
+    (relative to the pool's start)."""
+
+    segment: int
+    gpu: int
+    cpu: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Full chunks `first .. first+count-1` (indices into `CopyPlan.chunk_gpu_ids`) moved through
+    the staging buffer; `slot_runs` are the (chunk index within the batch, pool offset, number of
+    chunks) of the copies between the staging buffer and the pool."""
+
+    first: int
+    count: int
+    slot_runs: list[tuple[int, int, int]]
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    runs: list[Run]
+    chunk_gpu_ids: Ids
+    """`[chunks, blocks_per_chunk]` GPU block ids of the chunks that go through `batches`."""
+    batches: list[Batch]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What planning needs to know about the layout and the pool, in units."""
+
+    blocks_per_chunk: int
+    num_blocks: int
+    num_slots: int
+    page: int
+    strides: tuple[int, ...]
+    """Per segment: units from one GPU block's page to the next block's."""
+    slots_per_piece: int
+    piece_stride: int
+    staging_chunks: int
+    min_direct_run: int
+
+    @property
+    def slot(self) -> int:
+        return len(self.strides) * self.blocks_per_chunk * self.page
+
+    def slot_offsets(self, slots: Ids) -> Ids:
+        piece, index = np.divmod(slots, self.slots_per_piece)
+        offsets: Ids = piece * self.piece_stride + index * self.slot
+        return offsets
+
+
+def check_ids(name: str, values: npt.ArrayLike, limit: int, what: str) -> Ids:
+    """`values` as a 1-D int64 array, each in `0..limit-1`."""
+    try:
+        arr = np.asarray(values)
+    except Exception as exc:
+        raise TypeError(
+            f"{name} must be a 1-D sequence of ints, got a {type(values).__name__}"
+        ) from exc
+    if arr.size == 0:
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold ints, got {type(values).__name__} of {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    arr = arr.astype(np.int64, copy=False)
+    bad = np.flatnonzero((arr < 0) | (arr >= limit))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"{name}[{i}]={arr[i]} is out of range: there are {limit} {what} "
+            f"(allowed 0..{limit - 1})"
+        )
+    return arr
+
+
+def check_job(
+    g: Geometry,
+    slots: npt.ArrayLike,
+    gpu_block_ids: npt.ArrayLike,
+    skip_leading_blocks: int,
+    store: bool,
+) -> tuple[Ids, Ids, int]:
+    """Validates a job's arguments; returns slots, GPU block ids and the skip as checked values."""
+    slot_ids = check_ids("slots", slots, g.num_slots, "slots")
+    gpu_ids = check_ids("gpu_block_ids", gpu_block_ids, g.num_blocks, "GPU blocks")
+    try:
+        skip = operator.index(skip_leading_blocks)
+    except TypeError:
+        raise TypeError(
+            f"skip_leading_blocks must be an int, got {skip_leading_blocks!r}"
+        ) from None
+    bpc = g.blocks_per_chunk
+    if isinstance(skip_leading_blocks, bool) or not 0 <= skip < bpc or (skip and not len(slot_ids)):
+        raise ValueError(
+            f"skip_leading_blocks={skip_leading_blocks!r} is invalid; allowed: 0..{bpc - 1} "
+            f"(blocks_per_chunk={bpc}), and 0 when there are no slots"
+        )
+    expected = len(slot_ids) * bpc - skip
+    if len(gpu_ids) != expected:
+        raise ValueError(
+            f"len(gpu_block_ids)={len(gpu_ids)} does not match len(slots)={len(slot_ids)}: "
+            f"expected len(slots) * blocks_per_chunk - skip_leading_blocks = "
+            f"{len(slot_ids)} * {bpc} - {skip} = {expected}"
+        )
+    # A destination written twice in one job would depend on copy order; sources may repeat.
+    dest_name, dest = ("slots", slot_ids) if store else ("gpu_block_ids", gpu_ids)
+    uniq, counts = np.unique(dest, return_counts=True)
+    if uniq.size != dest.size:
+        raise ValueError(
+            f"{dest_name} repeats {uniq[counts > 1].tolist()}: a job may write each destination "
+            f"once"
+        )
+    return slot_ids, gpu_ids, skip
+
+
+def plan_copies(g: Geometry, slots: Ids, gpu_ids: Ids, skip: int, path: CopyPath) -> CopyPlan:
+    """The copies of a validated job: GPU block `gpu_ids[j]` is block `skip + j` of the job, i.e.
+    block `(skip + j) % blocks_per_chunk` of chunk `slots[(skip + j) // blocks_per_chunk]`."""
+    no_chunks = np.empty((0, g.blocks_per_chunk), dtype=np.int64)
+    blocks = _blocks(g, slots, gpu_ids, skip)
+    if path == "per_block":
+        return CopyPlan(_runs(g, blocks, merge=False), no_chunks, [])
+    total = len(gpu_ids) * len(g.strides) * g.page
+    if path == "direct" or (path == "auto" and total >= g.min_direct_run * _num_runs(g, blocks)):
+        return CopyPlan(_runs(g, blocks, merge=True), no_chunks, [])
+    # The partial first chunk (if any) is small: it is copied directly, full chunks in batches.
+    head = (g.blocks_per_chunk - skip) % g.blocks_per_chunk
+    head_runs = _runs(g, _blocks(g, slots[:1], gpu_ids[:head], skip), merge=True) if head else []
+    full_slots = slots[1:] if head else slots
+    batches = []
+    for first in range(0, len(full_slots), g.staging_chunks):
+        batch = full_slots[first : first + g.staging_chunks]
+        piece = batch // g.slots_per_piece
+        starts, counts = _run_starts((batch[1:] == batch[:-1] + 1) & (piece[1:] == piece[:-1]))
+        offsets = g.slot_offsets(batch[starts])
+        slot_runs = list(zip(starts.tolist(), offsets.tolist(), counts.tolist(), strict=True))
+        batches.append(Batch(first, len(batch), slot_runs))
+    return CopyPlan(head_runs, gpu_ids[head:].reshape(-1, g.blocks_per_chunk), batches)
+
+
+class _Blocks(NamedTuple):
+    gpu: Ids
+    cpu: Ids
+    """Pool offset of each block's page in segment 0."""
+    merged: tuple[Ids, Ids]
+    """Start and length of the runs of blocks contiguous in the pool and on the GPU (for segments
+    whose consecutive pages abut)."""
+
+
+def _blocks(g: Geometry, slots: Ids, gpu_ids: Ids, skip: int) -> _Blocks:
+    if not len(gpu_ids):
+        return _Blocks(gpu_ids, gpu_ids, (gpu_ids, gpu_ids))
+    chunk, index = np.divmod(np.arange(skip, skip + len(gpu_ids)), g.blocks_per_chunk)
+    cpu = g.slot_offsets(slots)[chunk] + index * g.page
+    piece = slots[chunk] // g.slots_per_piece
+    joins = (
+        (gpu_ids[1:] == gpu_ids[:-1] + 1)
+        & (cpu[1:] == cpu[:-1] + g.page)
+        & (piece[1:] == piece[:-1])
+    )
+    return _Blocks(gpu_ids, cpu, _run_starts(joins))
+
+
+def _run_starts(joins: npt.NDArray[np.bool_]) -> tuple[Ids, Ids]:
+    """Start index and length of each run, where `joins[j]` tells whether element `j+1`
+    continues the run of element `j`."""
+    starts = np.flatnonzero(np.concatenate(([True], ~joins)))
+    return starts, np.diff(np.append(starts, len(joins) + 1))
+
+
+def _num_runs(g: Geometry, blocks: _Blocks) -> int:
+    return sum(len(blocks.merged[0]) if s == g.page else len(blocks.gpu) for s in g.strides)
+
+
+def _runs(g: Geometry, blocks: _Blocks, merge: bool) -> list[Run]:
+    n = len(blocks.gpu)
+    single = (np.arange(n), np.ones(n, dtype=np.int64))
+    runs: list[Run] = []
+    for segment, stride in enumerate(g.strides):
+        starts, lengths = blocks.merged if merge and stride == g.page else single
+        seg_offset = segment * g.blocks_per_chunk * g.page
+        runs.extend(
+            Run(segment, gpu, cpu, length)
+            for gpu, cpu, length in zip(
+                (blocks.gpu[starts] * stride).tolist(),
+                (blocks.cpu[starts] + seg_offset).tolist(),
+                (lengths * g.page).tolist(),
+                strict=True,
+            )
+        )
+    return runs

@@ -1,0 +1,151 @@
+"""`CpuPool`: the CPU tier's memory, `num_slots` chunk-sized slots in one exactly-sized buffer."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import time
+import weakref
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from kvoffload.errors import KVOffloadError
+
+logger = logging.getLogger(__name__)
+
+MAX_PIECE_BYTES = 64 << 30
+"""The most bytes registered with the CUDA driver in one call."""
+
+
+class CpuPool:
+    """`num_slots` slots of `slot_bytes` each; every slot is one contiguous range of bytes.
+
+    The buffer is allocated at exactly the size needed (not rounded up to a power of two as
+    `pin_memory=True` allocations are) and, when `pin_device` is a CUDA device, page-locked with
+    `cudaHostRegister` in pieces of at most `piece_bytes` whole slots. Each piece starts on a page
+    boundary so no page is registered twice; the padding is under one page per piece. A copy must
+    not span two pieces (the driver would see pageable memory), so `piece_of` tells callers where
+    runs of slots have to be split. Without `pin_device` (CPU mode) nothing is registered and no
+    CUDA call is made.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        slot_bytes: int,
+        *,
+        pin_device: torch.device | None = None,
+        piece_bytes: int = 1 << 30,
+    ) -> None:
+        for name, value, low in (("num_slots", num_slots, 1), ("slot_bytes", slot_bytes, 1)):
+            if type(value) is not int or value < low:
+                raise ValueError(f"{name}={value!r} is invalid; allowed: an int >= {low}")
+        if type(piece_bytes) is not int or not 0 < piece_bytes <= MAX_PIECE_BYTES:
+            raise ValueError(
+                f"piece_bytes={piece_bytes!r} is invalid; allowed: an int in 1..{MAX_PIECE_BYTES}"
+            )
+        if slot_bytes > MAX_PIECE_BYTES:
+            raise ValueError(
+                f"slot_bytes={slot_bytes} exceeds {MAX_PIECE_BYTES}, the largest range one "
+                f"cudaHostRegister call may pin; use fewer blocks per chunk"
+            )
+        page = mmap.PAGESIZE
+        self.num_slots = num_slots
+        self.slot_bytes = slot_bytes
+        self.slots_per_piece = min(num_slots, max(1, piece_bytes // slot_bytes))
+        self.num_pieces = -(-num_slots // self.slots_per_piece)
+        self.piece_stride = -(-self.slots_per_piece * slot_bytes // page) * page
+        """Bytes from the start of one piece to the start of the next."""
+        last_slots = num_slots - (self.num_pieces - 1) * self.slots_per_piece
+        nbytes = (self.num_pieces - 1) * self.piece_stride + last_slots * slot_bytes
+        nbytes = -(-nbytes // page) * page
+        raw = torch.empty(nbytes + page, dtype=torch.uint8)
+        start = -raw.data_ptr() % page
+        self.buffer: torch.Tensor = raw[start : start + nbytes]
+        """The whole pool as flat bytes (page-aligned; includes the padding between pieces)."""
+        self.pinned = pin_device is not None
+        pieces: list[int] = []
+        if pin_device is not None:
+            pieces = _register(self.buffer, self._piece_ranges(), pin_device)
+        self._finalizer = weakref.finalize(self, _unregister, raw, pieces)
+
+    def _piece_ranges(self) -> list[tuple[int, int]]:
+        """(byte offset, length) of each piece."""
+        ranges = []
+        for p in range(self.num_pieces):
+            slots = min(self.slots_per_piece, self.num_slots - p * self.slots_per_piece)
+            ranges.append((p * self.piece_stride, slots * self.slot_bytes))
+        return ranges
+
+    def slot_offsets(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Byte offset in `buffer` of each slot."""
+        piece, index = np.divmod(slots, self.slots_per_piece)
+        offsets: npt.NDArray[np.int64] = piece * self.piece_stride + index * self.slot_bytes
+        return offsets
+
+    def piece_of(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        return slots // self.slots_per_piece
+
+    def slot(self, slot: int) -> torch.Tensor:
+        """The bytes of one slot (a view)."""
+        if type(slot) is not int or not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot={slot!r} is invalid; allowed: 0..{self.num_slots - 1}")
+        offset = int(self.slot_offsets(np.array(slot)))
+        return self.buffer[offset : offset + self.slot_bytes]
+
+    def close(self) -> None:
+        """Unregisters the memory (also done when the pool is garbage-collected). Copies that
+        use the pool must have finished."""
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        return (
+            f"CpuPool(num_slots={self.num_slots}, slot_bytes={self.slot_bytes}, "
+            f"pieces={self.num_pieces}, pinned={self.pinned})"
+        )
+
+
+def _register(
+    buffer: torch.Tensor, ranges: list[tuple[int, int]], device: torch.device
+) -> list[int]:
+    """Page-locks each range and returns their addresses. One call per piece, so the GIL (held
+    by torch's binding during the call) is released between pieces of a large pool."""
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+    total = sum(n for _, n in ranges)
+    done: list[int] = []
+    done_bytes = 0
+    log_every = max(1, len(ranges) // 10)
+    started = time.monotonic()
+    logger.info("pinning %.2f GiB of CPU memory in %d pieces", total / 2**30, len(ranges))
+    with torch.cuda.device(device):
+        for i, (offset, nbytes) in enumerate(ranges):
+            ptr = buffer.data_ptr() + offset
+            err = cudart.cudaHostRegister(ptr, nbytes, 0)
+            if err != cudart.cudaError.success:
+                _unregister(buffer, done)
+                raise KVOffloadError(
+                    f"cudaHostRegister of {nbytes} bytes (piece {i} of {len(ranges)}) failed: "
+                    f"{cudart.cudaGetErrorString(err)}"
+                )
+            done.append(ptr)
+            done_bytes += nbytes
+            if (i + 1) % log_every == 0 or i + 1 == len(ranges):
+                logger.info(
+                    "pinned %.2f / %.2f GiB (%.1f s)",
+                    done_bytes / 2**30,
+                    total / 2**30,
+                    time.monotonic() - started,
+                )
+    return done
+
+
+def _unregister(memory: torch.Tensor, ptrs: list[int]) -> None:
+    """Takes the pool's memory as an argument only so that the finalizer keeps it allocated until
+    it has been unregistered."""
+    if ptrs:
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        for ptr in ptrs:
+            cudart.cudaHostUnregister(ptr)
+        ptrs.clear()
