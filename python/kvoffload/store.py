@@ -20,8 +20,12 @@ from kvoffload import _rust
 MAX_KEY_LEN: int = _rust.MAX_KEY_LEN
 POLICY_NAMES: tuple[str, ...] = tuple(_rust.POLICY_NAMES)
 
-Keys = Iterable[bytes]
-"""A batch of keys: a list (fastest) or any iterable of `bytes`, each 1..=MAX_KEY_LEN long."""
+KeyList = _rust.KeyList
+KeyRange = _rust.KeyRange
+
+Keys = Iterable[bytes] | KeyList | KeyRange
+"""A batch of keys, each 1..=MAX_KEY_LEN bytes: a `KeyList` or a view of one (read in place, the
+fastest), a list of `bytes`, or any iterable of `bytes`."""
 
 
 class KeyStatus(enum.IntEnum):
@@ -41,10 +45,11 @@ class PrefixLookup(NamedTuple):
 @dataclass(frozen=True)
 class StorePlan:
     """What `prepare_store` accepted: write `keys[i]` (at position `indices[i]` of the offer) to
-    `slots[i]`, then call `complete_store(keys)`. `evicted` left the store to make room, oldest
-    first."""
+    `slots[i]`, then call `complete_store(keys)`. `keys` are the offered objects themselves, or a
+    new `KeyList` when a `KeyList` (or a view) was offered. `evicted` left the store to make room,
+    oldest first."""
 
-    keys: list[bytes]
+    keys: list[bytes] | KeyList
     indices: npt.NDArray[np.int64]
     slots: npt.NDArray[np.int64]
     evicted: list[bytes]
@@ -116,7 +121,7 @@ class CpuStore:
         self._inner = _rust.Store(n, eviction_policy, bool(enable_events))
 
     @property
-    def num_int64s(self) -> int:
+    def num_slots(self) -> int:
         return self._inner.num_slots
 
     @property

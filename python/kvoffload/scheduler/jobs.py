@@ -9,6 +9,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from kvoffload.store import KeyList
+
 IntArray = npt.NDArray[np.int64]
 
 
@@ -18,7 +20,7 @@ class StoreJob:
 
     job_id: int
     request_id: str
-    keys: list[bytes]
+    keys: KeyList
     slots: IntArray
     gpu_block_ids: IntArray
     chunk_indices: IntArray
@@ -33,7 +35,7 @@ class LoadJob:
 
     job_id: int
     request_id: str
-    keys: list[bytes]
+    keys: KeyList
     slots: IntArray
     gpu_block_ids: IntArray
     skip_leading_blocks: int

@@ -36,7 +36,7 @@ from kvoffload.scheduler.jobs import (
 )
 from kvoffload.scheduler.params import MAX_LOAD_TOKENS, MAX_OFFLOAD_TOKENS, parse_token_cap
 from kvoffload.scheduler.stats import SchedulerStats
-from kvoffload.store import CpuStore
+from kvoffload.store import CpuStore, KeyList
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class _Request:
     max_offload_tokens: int | None
     max_load_tokens: int | None
     num_tokens: int = 0
-    keys: list[bytes] = field(default_factory=list)
+    keys: KeyList = field(default_factory=KeyList)
     block_ids: list[int] = field(default_factory=list)
     stored_chunks: int = 0
     """Chunks `[0, stored_chunks)` were offered to the store (or loaded, or local)."""
@@ -65,7 +65,7 @@ class _Request:
 class _InFlight:
     kind: Literal["store", "load"]
     request_id: str
-    keys: list[bytes]
+    keys: KeyList
     gpu_block_ids: IntArray
 
 
@@ -143,7 +143,7 @@ class OffloadScheduler:
             return 0
         first, end, _ = window
         self._stats.lookups += 1
-        hits, pending = self.store.lookup_prefix(req.keys[first:end])
+        hits, pending = self.store.lookup_prefix(req.keys.view(first, end))
         if pending:
             self._stats.deferred_lookups += 1
             return None
@@ -178,7 +178,7 @@ class OffloadScheduler:
                 f"block_ids has {len(req.block_ids)} blocks for request {request_id!r}; "
                 f"the load needs {end * bpc}"
             )
-        keys = req.keys[first:end]
+        keys = KeyList(req.keys.view(first, end))
         slots = self.store.prepare_load(keys)
         self.store.touch(keys)
         skip = (num_local - first * tpc) // self.config.tokens_per_block
@@ -213,7 +213,7 @@ class OffloadScheduler:
         req = self._request(request_id)
         jobs = [] if final is None or (job := self._apply_update(final)) is None else [job]
         # Refresh recency once per request, in prefix order: its head outlives its tail.
-        self.store.touch(req.keys[: req.stored_chunks])
+        self.store.touch(req.keys.view(0, req.stored_chunks))
         req.finished = True
         if not req.jobs:
             del self._requests[request_id]
@@ -275,14 +275,11 @@ class OffloadScheduler:
             ) from None
 
     def _extend_keys(self, req: _Request, block_hashes: Sequence[bytes]) -> None:
-        bpc = self.config.blocks_per_chunk
-        # Only the new tail crosses into Rust: keys of earlier chunks never change.
-        start = len(req.keys) * bpc
-        if len(block_hashes) - start >= bpc:
-            req.keys += _rust.chunk_keys(block_hashes[start:], bpc, _GROUP_IDX, 0)
+        # Reads only the hashes past the chunks that already have keys.
+        req.keys.extend_chunk_keys(block_hashes, self.config.blocks_per_chunk, _GROUP_IDX)
 
     def _track(
-        self, kind: Literal["store", "load"], req: _Request, keys: list[bytes], blocks: IntArray
+        self, kind: Literal["store", "load"], req: _Request, keys: KeyList, blocks: IntArray
     ) -> int:
         job_id = self._next_job_id
         self._next_job_id += 1
@@ -317,7 +314,7 @@ class OffloadScheduler:
         start = req.stored_chunks
         if n <= start:
             return None
-        plan = self.store.prepare_store(req.keys[start:n])
+        plan = self.store.prepare_store(req.keys.view(start, n))
         if plan is None:
             # The frontier stays: the same chunks are offered again next step.
             self._stats.store_refusals += 1
@@ -327,6 +324,7 @@ class OffloadScheduler:
             return None
         chunks = np.asarray(req.block_ids[start * bpc : n * bpc], dtype=np.int64).reshape(-1, bpc)
         src = chunks[plan.indices].reshape(-1)
+        assert isinstance(plan.keys, KeyList)
         job_id = self._track("store", req, plan.keys, src)
         self._stats.store_jobs += 1
         return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, plan.indices + start)

@@ -2,39 +2,43 @@
 
 use crate::error::{Error, Result};
 use crate::key::MAX_KEY_LEN;
+use crate::keybuf::KeyBuf;
 
 /// Bytes of the KV-group index appended to a block hash to make a key (vLLM's `OffloadKey`).
 pub const GROUP_SUFFIX_LEN: usize = 4;
 
-/// Keys of complete chunks `start_chunk..`, one per chunk: the block hash of the chunk's last GPU
-/// block (index `(i+1)*blocks_per_chunk - 1`) followed by the big-endian group index. Chunks whose
-/// last block has no hash yet are not complete and get no key.
-pub fn chunk_keys<H: AsRef<[u8]>>(
+/// Appends to `out` the keys of chunks `start_chunk..`, one per complete chunk: the block hash of
+/// the chunk's last GPU block (index `(i+1)*blocks_per_chunk - 1`) followed by the big-endian group
+/// index (vLLM's `OffloadKey`). On error `out` is unchanged.
+pub(crate) fn append_chunk_keys<H: AsRef<[u8]>>(
+    out: &mut KeyBuf,
     block_hashes: &[H],
     blocks_per_chunk: usize,
     group_idx: u32,
     start_chunk: usize,
-) -> Result<Vec<Vec<u8>>> {
+) -> Result<()> {
     positive("blocks_per_chunk", blocks_per_chunk as u64)?;
-    let suffix = group_idx.to_be_bytes();
     let num_chunks = block_hashes.len() / blocks_per_chunk;
-    (start_chunk..num_chunks)
-        .map(|i| {
-            let index = (i + 1) * blocks_per_chunk - 1;
-            let hash = block_hashes[index].as_ref();
-            if hash.is_empty() || hash.len() + GROUP_SUFFIX_LEN > MAX_KEY_LEN {
-                return Err(Error::InvalidArgument {
-                    name: "block_hashes",
-                    value: format!("an entry of {} bytes at index {index}", hash.len()),
-                    allowed: "block hashes of 1..=60 bytes (60 + 4-byte group index = 64-byte key)",
-                });
-            }
-            let mut key = Vec::with_capacity(hash.len() + GROUP_SUFFIX_LEN);
-            key.extend_from_slice(hash);
-            key.extend_from_slice(&suffix);
-            Ok(key)
-        })
-        .collect()
+    let last_blocks = || (start_chunk..num_chunks).map(|i| (i + 1) * blocks_per_chunk - 1);
+    for index in last_blocks() {
+        let len = block_hashes[index].as_ref().len();
+        if len == 0 || len + GROUP_SUFFIX_LEN > MAX_KEY_LEN {
+            return Err(Error::InvalidArgument {
+                name: "block_hashes",
+                value: format!("an entry of {len} bytes at index {index}"),
+                allowed: "block hashes of 1..=60 bytes (60 + 4-byte group index = 64-byte key)",
+            });
+        }
+    }
+    let suffix = group_idx.to_be_bytes();
+    for index in last_blocks() {
+        let mut key = [0u8; MAX_KEY_LEN];
+        let hash = block_hashes[index].as_ref();
+        key[..hash.len()].copy_from_slice(hash);
+        key[hash.len()..hash.len() + GROUP_SUFFIX_LEN].copy_from_slice(&suffix);
+        out.push_unchecked(&key[..hash.len() + GROUP_SUFFIX_LEN]);
+    }
+    Ok(())
 }
 
 /// The per-request numbers that bound a store.
@@ -157,15 +161,20 @@ mod tests {
     #[test]
     fn keys_take_the_last_hash_of_each_chunk_plus_group() {
         let hashes: Vec<Vec<u8>> = (0u8..7).map(|i| vec![i; 2]).collect();
-        let keys = chunk_keys(&hashes, 3, 1, 0).unwrap();
-        assert_eq!(keys, vec![vec![2, 2, 0, 0, 0, 1], vec![5, 5, 0, 0, 0, 1]]);
+        let mut buf = KeyBuf::new();
+        append_chunk_keys(&mut buf, &hashes, 3, 1, 0).unwrap();
         assert_eq!(
-            chunk_keys(&hashes, 3, 1, 1).unwrap(),
-            vec![vec![5, 5, 0, 0, 0, 1]]
+            buf.slices(0, 9),
+            vec![[2u8, 2, 0, 0, 0, 1].as_slice(), &[5, 5, 0, 0, 0, 1]]
         );
-        assert!(chunk_keys(&hashes, 3, 1, 5).unwrap().is_empty());
-        assert!(chunk_keys(&hashes, 0, 0, 0).is_err());
-        assert!(chunk_keys(&[vec![0u8; 61]], 1, 0, 0).is_err());
+        append_chunk_keys(&mut buf, &hashes, 3, 1, 1).unwrap();
+        assert_eq!(buf.len(), 3);
+        append_chunk_keys(&mut buf, &hashes, 3, 1, 5).unwrap();
+        assert_eq!(buf.len(), 3);
+        assert!(append_chunk_keys(&mut buf, &hashes, 0, 0, 0).is_err());
+        assert!(append_chunk_keys(&mut buf, &[vec![0u8; 61]], 1, 0, 0).is_err());
+        assert!(append_chunk_keys(&mut buf, &[vec![0u8; 0]], 1, 0, 0).is_err());
+        assert_eq!(buf.len(), 3);
     }
 
     #[test]

@@ -7,16 +7,17 @@ mod chunk;
 mod error;
 mod events;
 mod key;
+mod keybuf;
 mod list;
 mod policy;
 mod store;
 
 pub use chunk::{
-    chunk_keys, load_window, loadable_tokens, storable_chunks, LoadWindow, StoreBounds,
-    GROUP_SUFFIX_LEN,
+    load_window, loadable_tokens, storable_chunks, LoadWindow, StoreBounds, GROUP_SUFFIX_LEN,
 };
 pub use error::{Error, Result};
 pub use events::{Event, EventKind};
 pub use key::{validate_keys, MAX_KEY_LEN};
+pub use keybuf::KeyBuf;
 pub use policy::{PolicyKind, POLICY_NAMES};
 pub use store::{KeyStatus, Stats, Store, StorePlan, MAX_SLOTS};

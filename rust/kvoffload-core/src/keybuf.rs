@@ -1,0 +1,145 @@
+//! `KeyBuf`: many keys in one contiguous buffer, so a request's chunk keys cost two allocations
+//! in all and a batch call borrows them without copying.
+
+use crate::chunk::append_chunk_keys;
+use crate::error::{Error, Result};
+use crate::key::validate_keys;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyBuf {
+    data: Vec<u8>,
+    /// `ends[i]` is where key `i` ends in `data`.
+    ends: Vec<usize>,
+}
+
+impl KeyBuf {
+    pub fn new() -> Self {
+        KeyBuf::default()
+    }
+
+    /// A buffer holding `keys`, each validated (1..=MAX_KEY_LEN bytes).
+    pub fn from_keys<K: AsRef<[u8]>>(keys: &[K]) -> Result<Self> {
+        let mut buf =
+            KeyBuf::with_capacity(keys.len(), keys.first().map_or(0, |k| k.as_ref().len()));
+        for k in keys {
+            buf.push(k.as_ref())?;
+        }
+        Ok(buf)
+    }
+
+    /// Room for `keys` keys of about `key_len` bytes.
+    pub fn with_capacity(keys: usize, key_len: usize) -> Self {
+        KeyBuf {
+            data: Vec::with_capacity(keys * key_len),
+            ends: Vec::with_capacity(keys),
+        }
+    }
+
+    /// Appends a key after checking its length; the error names its position in the buffer.
+    pub fn push(&mut self, key: &[u8]) -> Result<()> {
+        validate_keys(&[key]).map_err(|_| Error::InvalidKeyLength {
+            index: self.len(),
+            len: key.len(),
+        })?;
+        self.push_unchecked(key);
+        Ok(())
+    }
+
+    pub(crate) fn push_unchecked(&mut self, key: &[u8]) {
+        self.data.extend_from_slice(key);
+        self.ends.push(self.data.len());
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        Some(&self.data[start..end])
+    }
+
+    /// Borrowed keys `start..end` (clamped to the buffer), in the form every store call takes.
+    pub fn slices(&self, start: usize, end: usize) -> Vec<&[u8]> {
+        let end = end.min(self.len());
+        let mut from = if start == 0 || start > end {
+            0
+        } else {
+            self.ends[start - 1]
+        };
+        self.ends[start.min(end)..end]
+            .iter()
+            .map(|&to| {
+                let s = &self.data[from..to];
+                from = to;
+                s
+            })
+            .collect()
+    }
+
+    /// The keys at `indices` (relative to `offset`), in that order.
+    pub fn gather(&self, offset: usize, indices: &[u32]) -> KeyBuf {
+        let mut out = KeyBuf::new();
+        out.ends.reserve(indices.len());
+        for &i in indices {
+            let key = self
+                .get(offset + i as usize)
+                .expect("gather index in range");
+            out.push_unchecked(key);
+        }
+        out
+    }
+
+    /// Appends chunk keys for `new_hashes`: a request's block hashes from the first block of the
+    /// first chunk this buffer lacks (`self.len() * blocks_per_chunk`) on. Only complete chunks
+    /// get a key. Returns how many were added; on error nothing is.
+    pub fn extend_chunk_keys<H: AsRef<[u8]>>(
+        &mut self,
+        new_hashes: &[H],
+        blocks_per_chunk: usize,
+        group_idx: u32,
+    ) -> Result<usize> {
+        let before = self.len();
+        append_chunk_keys(self, new_hashes, blocks_per_chunk, group_idx, 0)?;
+        Ok(self.len() - before)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_gather_and_get() {
+        let buf = KeyBuf::from_keys(&[b"a".as_slice(), b"bb", b"ccc"]).unwrap();
+        assert_eq!(buf.slices(0, 3), vec![b"a".as_slice(), b"bb", b"ccc"]);
+        assert_eq!(buf.slices(1, 9), vec![b"bb".as_slice(), b"ccc"]);
+        assert!(buf.slices(3, 3).is_empty() && buf.slices(5, 2).is_empty());
+        assert_eq!(
+            buf.gather(1, &[1, 0]).slices(0, 2),
+            vec![b"ccc".as_slice(), b"bb"]
+        );
+        assert_eq!(buf.get(2), Some(b"ccc".as_slice()));
+        assert_eq!(buf.get(3), None);
+        assert!(KeyBuf::from_keys(&[b"".as_slice()]).is_err());
+    }
+
+    #[test]
+    fn chunk_keys_extend_only_new_complete_chunks() {
+        let hashes: Vec<Vec<u8>> = (0u8..7).map(|i| vec![i; 2]).collect();
+        let mut buf = KeyBuf::new();
+        assert_eq!(buf.extend_chunk_keys(&hashes[..4], 3, 1).unwrap(), 1);
+        assert_eq!(buf.extend_chunk_keys(&hashes[3..5], 3, 1).unwrap(), 0);
+        assert_eq!(buf.extend_chunk_keys(&hashes[3..], 3, 1).unwrap(), 1);
+        assert!(buf.extend_chunk_keys(&hashes, 0, 1).is_err());
+        assert_eq!(
+            buf.slices(0, 2),
+            vec![[2u8, 2, 0, 0, 0, 1].as_slice(), &[5, 5, 0, 0, 0, 1]]
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! `Store`: the CPU-tier block store, one core call per batch with the GIL released.
+
+use crate::errors::{to_py, KVOffloadError};
+use crate::keys::{bytes_list, int64_bytes, KeyArg};
+use kvoffload_core::{Error, EventKind, PolicyKind};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use std::sync::{Mutex, MutexGuard};
+
+/// The CPU-tier block store. Thread-safe: every call takes an internal lock, with the GIL released
+/// while the store works.
+#[pyclass(frozen, module = "kvoffload._rust")]
+pub struct Store {
+    inner: Mutex<kvoffload_core::Store>,
+}
+
+impl Store {
+    fn lock(&self) -> PyResult<MutexGuard<'_, kvoffload_core::Store>> {
+        self.inner.lock().map_err(|_| {
+            KVOffloadError::new_err("the store is unusable: an earlier call panicked inside it")
+        })
+    }
+
+    /// Runs `f` on the store and the keys with the GIL released.
+    fn with_keys<T: Send>(
+        &self,
+        py: Python<'_>,
+        keys: &KeyArg<'_>,
+        f: impl FnOnce(&mut kvoffload_core::Store, &[&[u8]]) -> Result<T, Error> + Send,
+    ) -> PyResult<T> {
+        keys.run(py, |k| f(&mut *self.lock()?, k).map_err(to_py))
+    }
+}
+
+#[pymethods]
+impl Store {
+    #[new]
+    #[pyo3(signature = (num_slots, eviction_policy = "lru", enable_events = false))]
+    fn new(num_slots: i64, eviction_policy: &str, enable_events: bool) -> PyResult<Self> {
+        let policy: PolicyKind = eviction_policy.parse().map_err(to_py)?;
+        let store = kvoffload_core::Store::new(num_slots, policy, enable_events).map_err(to_py)?;
+        Ok(Store {
+            inner: Mutex::new(store),
+        })
+    }
+
+    #[getter]
+    fn num_slots(&self) -> PyResult<u32> {
+        Ok(self.lock()?.num_slots())
+    }
+
+    #[getter]
+    fn eviction_policy(&self) -> PyResult<&'static str> {
+        Ok(self.lock()?.policy().name())
+    }
+
+    #[getter]
+    fn events_enabled(&self) -> PyResult<bool> {
+        Ok(self.lock()?.events_enabled())
+    }
+
+    /// `None` when the store cannot take the keys now; else `(keys_to_write, indices, slots,
+    /// evicted_keys)`: `keys_to_write` are the offered objects themselves (a `KeyList` when a
+    /// `KeyList` or view was offered), `indices` their positions in the offer and `slots` their
+    /// slots (both int64 bytes).
+    #[allow(clippy::type_complexity)]
+    fn prepare_store<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<
+        Option<(
+            Bound<'py, PyAny>,
+            Bound<'py, PyBytes>,
+            Bound<'py, PyBytes>,
+            Bound<'py, PyList>,
+        )>,
+    > {
+        let arg = KeyArg::extract(keys)?;
+        let Some(plan) = self.with_keys(py, &arg, |s, k| s.prepare_store(k))? else {
+            return Ok(None);
+        };
+        Ok(Some((
+            arg.select(py, keys, &plan.indices)?,
+            int64_bytes(py, &plan.indices),
+            int64_bytes(py, &plan.slots),
+            bytes_list(py, &plan.evicted)?,
+        )))
+    }
+
+    #[pyo3(signature = (keys, success = true))]
+    fn complete_store(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        success: bool,
+    ) -> PyResult<()> {
+        self.with_keys(py, &KeyArg::extract(keys)?, |s, k| {
+            s.complete_store(k, success)
+        })
+    }
+
+    fn lookup_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<(usize, bool)> {
+        self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.lookup_prefix(k))
+    }
+
+    /// One status byte per key: 0 absent, 1 pending, 2 ready.
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let statuses = self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.lookup(k))?;
+        let raw: Vec<u8> = statuses.into_iter().map(|s| s as u8).collect();
+        Ok(PyBytes::new(py, &raw))
+    }
+
+    fn prepare_load<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let slots = self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.prepare_load(k))?;
+        Ok(int64_bytes(py, &slots))
+    }
+
+    fn complete_load(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.complete_load(k))
+    }
+
+    fn touch(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.touch(k))
+    }
+
+    fn reset(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.lock().map(|mut s| s.reset()))
+    }
+
+    /// `[(kind, keys)]` with kind `"stored"` or `"removed"`, oldest first.
+    fn take_events<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Vec<(&'static str, Bound<'py, PyList>)>> {
+        let events = self.lock()?.take_events();
+        events
+            .iter()
+            .map(|e| {
+                let kind = match e.kind {
+                    EventKind::Stored => "stored",
+                    EventKind::Removed => "removed",
+                };
+                Ok((kind, bytes_list(py, &e.keys)?))
+            })
+            .collect()
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (st, target) = {
+            let s = self.lock()?;
+            (s.stats(), s.arc_target_t1())
+        };
+        let d = PyDict::new(py);
+        d.set_item("num_slots", st.num_slots)?;
+        d.set_item("used_slots", st.used_slots)?;
+        d.set_item("ready", st.ready)?;
+        d.set_item("pending", st.pending)?;
+        d.set_item("pinned", st.pinned)?;
+        d.set_item("hits", st.hits)?;
+        d.set_item("misses", st.misses)?;
+        d.set_item("evictions", st.evictions)?;
+        d.set_item("store_refusals", st.store_refusals)?;
+        d.set_item("stores_completed", st.stores_completed)?;
+        d.set_item("stores_failed", st.stores_failed)?;
+        d.set_item("metadata_bytes_per_slot", st.metadata_bytes_per_slot)?;
+        d.set_item("arc_target_t1", target)?;
+        Ok(d)
+    }
+
+    /// Keys from least to most recently used, one list per policy list (T1, T2 under ARC).
+    fn recency_order<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyList>>> {
+        let order = self.lock()?.recency_order();
+        order.iter().map(|l| bytes_list(py, l)).collect()
+    }
+
+    /// Verifies every internal invariant; raises on the first broken one. O(num_slots).
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.lock().map(|s| s.check_invariants()))
+    }
+}

@@ -1,0 +1,69 @@
+import pickle
+
+import numpy as np
+import pytest
+
+from kvoffload import CpuStore, KeyList, KeyRange
+
+
+def test_sequence_behaviour():
+    keys = KeyList([b"a", b"bb", b"ccc"])
+    assert len(keys) == 3
+    assert (keys[0], keys[-1]) == (b"a", b"ccc")
+    assert list(keys) == [b"a", b"bb", b"ccc"] == keys.to_list()
+    assert keys == [b"a", b"bb", b"ccc"]
+    assert keys != [b"a", b"bb"]
+    assert keys == KeyList(k for k in [b"a", b"bb", b"ccc"])
+    assert keys != 42
+    with pytest.raises(IndexError, match="index 3 out of range for length 3"):
+        keys[3]
+    assert pickle.loads(pickle.dumps(keys)) == keys
+
+
+def test_views_and_copies():
+    keys = KeyList([b"a", b"bb", b"ccc"])
+    view = keys.view(1, 3)
+    assert isinstance(view, KeyRange)
+    assert (len(view), view.start, view.end, list(view)) == (2, 1, 3, [b"bb", b"ccc"])
+    assert KeyList(view) == [b"bb", b"ccc"]
+    with pytest.raises(ValueError, match=r"view\(2, 4\) is out of range: need start <= end <= 3"):
+        keys.view(2, 4)
+
+
+def test_bad_keys_are_named():
+    with pytest.raises(TypeError, match=r"keys\[1\] must be bytes, got str"):
+        KeyList([b"a", "b"])
+    with pytest.raises(ValueError, match=r"keys\[1\] has length 0"):
+        KeyList([b"a", b""])
+    with pytest.raises(TypeError, match="got a single bytes object"):
+        KeyList(b"abc")
+
+
+def test_extend_chunk_keys_reads_only_new_hashes():
+    hashes = [bytes([i]) * 32 for i in range(7)]
+    keys = KeyList()
+    assert keys.extend_chunk_keys(hashes[:4], 3) == 1
+    # Hashes of chunks that already have keys are not read again: junk there is never seen.
+    assert keys.extend_chunk_keys(["junk", "junk", "junk", *hashes[3:]], 3, 2) == 1
+    assert list(keys) == [hashes[2] + bytes(4), hashes[5] + (2).to_bytes(4, "big")]
+    with pytest.raises(TypeError, match=r"block_hashes\[6\] must be bytes, got int"):
+        keys.extend_chunk_keys([*hashes[:6], 5, 5, 5], 3)
+    with pytest.raises(ValueError, match="block_hashes=an entry of 61 bytes at index 2"):
+        keys.extend_chunk_keys([*hashes[:6], b"x", b"x", b"y" * 61], 3)
+    assert len(keys) == 2  # failed calls added nothing
+
+
+def test_store_reads_key_lists_in_place():
+    keys = KeyList([bytes([i]) * 36 for i in range(6)])
+    store = CpuStore(8)
+    plan = store.prepare_store(keys.view(2, 5))
+    assert isinstance(plan.keys, KeyList)
+    assert plan.keys == [bytes([i]) * 36 for i in (2, 3, 4)]
+    np.testing.assert_array_equal(plan.indices, [0, 1, 2])
+    store.complete_store(plan.keys)
+    assert store.lookup_prefix(keys.view(2, 6)) == (3, False)
+    assert store.lookup_prefix(keys) == (0, False)
+    np.testing.assert_array_equal(store.prepare_load(keys.view(3, 5)), [1, 2])
+    store.complete_load(keys.view(3, 5))
+    # Offering the whole list again writes only the three new keys.
+    assert store.prepare_store(keys).keys == [bytes([i]) * 36 for i in (0, 1, 5)]
