@@ -2,7 +2,7 @@
 //!
 //! `Lru` keeps one recency list. `Arc` keeps T1 (seen once) and T2 (seen again) plus ghost lists
 //! B1/B2 of recently evicted keys that steer an adaptive target size for T1. Ghosts remember only
-//! a 64-bit fingerprint of the key: a collision merely nudges the target, never serves data.
+//! a 63-bit fingerprint of the key: a collision merely nudges the target, never serves data.
 
 use crate::error::{Error, Result};
 use crate::list::{Linked, List, NIL};
@@ -94,10 +94,17 @@ impl Policy {
     }
 
     /// A use of a resident key: LRU moves it to the recent end, ARC promotes it to T2's recent end.
-    pub(crate) fn touch<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32) {
+    /// A key whose store is still in flight (`ready == false`) has not been used again, only
+    /// seen again: ARC moves it to the recent end of the list it is in, so a touch during its
+    /// own store does not make a once-used key look frequent.
+    pub(crate) fn touch<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, ready: bool) {
         let list = nodes[i as usize].list();
         self.lists[list as usize].unlink(nodes, i);
-        let to = if self.kind == PolicyKind::Arc { T2 } else { T1 };
+        let to = if self.kind == PolicyKind::Arc && ready {
+            T2
+        } else {
+            list
+        };
         nodes[i as usize].set_list(to);
         self.lists[to as usize].push_mru(nodes, i);
     }
@@ -184,12 +191,25 @@ impl Policy {
     }
 }
 
+/// A remembered key: 16 bytes. The fingerprint's lowest bit is replaced by the ghost list
+/// (0 = B1, 1 = B2), so fingerprints compare on their upper 63 bits.
 #[derive(Clone, Copy)]
 struct Ghost {
-    fingerprint: u64,
+    tagged: u64,
     prev: u32,
     next: u32,
-    list: u8,
+}
+
+const _: () = assert!(core::mem::size_of::<Ghost>() == 16);
+
+impl Ghost {
+    fn fingerprint(&self) -> u64 {
+        self.tagged & !1
+    }
+
+    fn list(&self) -> usize {
+        (self.tagged & 1) as usize
+    }
 }
 
 impl Linked for Ghost {
@@ -230,9 +250,10 @@ impl Ghosts {
     }
 
     fn find(&self, fp: u64) -> Option<u32> {
+        let fp = fp & !1;
         let nodes = &self.nodes;
         self.table
-            .find(fp, |&g| nodes[g as usize].fingerprint == fp)
+            .find(fp, |&g| nodes[g as usize].fingerprint() == fp)
             .copied()
     }
 
@@ -241,7 +262,7 @@ impl Ghosts {
     fn hit(&mut self, fp: u64) -> bool {
         let Some(g) = self.find(fp) else { return false };
         let (b1, b2) = (f64::from(self.lists[0].len), f64::from(self.lists[1].len));
-        if self.nodes[g as usize].list == 0 {
+        if self.nodes[g as usize].list() == 0 {
             self.target_t1 = (self.target_t1 + (b2 / b1).max(1.0)).min(f64::from(self.capacity));
         } else {
             self.target_t1 = (self.target_t1 - (b1 / b2).max(1.0)).max(0.0);
@@ -251,9 +272,9 @@ impl Ghosts {
     }
 
     fn drop_ghost(&mut self, g: u32) {
-        let list = self.nodes[g as usize].list;
-        self.lists[list as usize].unlink(&mut self.nodes, g);
-        let fp = self.nodes[g as usize].fingerprint;
+        let list = self.nodes[g as usize].list();
+        self.lists[list].unlink(&mut self.nodes, g);
+        let fp = self.nodes[g as usize].fingerprint();
         self.table
             .find_entry(fp, |&x| x == g)
             .expect("ghost is indexed")
@@ -262,6 +283,7 @@ impl Ghosts {
     }
 
     fn add(&mut self, list: u8, fp: u64, t1_len: u32) {
+        let fp = fp & !1;
         if let Some(g) = self.find(fp) {
             self.drop_ghost(g);
         }
@@ -275,10 +297,9 @@ impl Ghosts {
             self.drop_ghost(oldest);
         }
         let node = Ghost {
-            fingerprint: fp,
+            tagged: fp | u64::from(list),
             prev: NIL,
             next: NIL,
-            list,
         };
         let g = match self.free.pop() {
             Some(g) => {
@@ -286,6 +307,12 @@ impl Ghosts {
                 g
             }
             None => {
+                // Never more than `capacity` ghosts: grow by doubling, but not past that.
+                if self.nodes.len() == self.nodes.capacity() {
+                    let want = (self.nodes.len() * 2).max(4).min(self.capacity as usize);
+                    self.nodes
+                        .reserve_exact(want.saturating_sub(self.nodes.len()).max(1));
+                }
                 self.nodes.push(node);
                 (self.nodes.len() - 1) as u32
             }
@@ -293,7 +320,7 @@ impl Ghosts {
         self.lists[list as usize].push_mru(&mut self.nodes, g);
         let nodes = &self.nodes;
         self.table
-            .insert_unique(fp, g, |&x| nodes[x as usize].fingerprint);
+            .insert_unique(fp, g, |&x| nodes[x as usize].fingerprint());
     }
 
     fn heap_bytes(&self) -> usize {

@@ -33,6 +33,8 @@ enum State {
 const DOOMED: u8 = 1;
 /// Set during one `prepare_store` on ready keys of that call, so they are not evicted for it.
 const PROTECTED: u8 = 2;
+/// Set for the length of one call on the keys it lists, to find a key listed twice.
+const LISTED: u8 = 4;
 
 #[derive(Clone, Copy)]
 struct Entry {
@@ -247,7 +249,7 @@ impl Store {
     pub fn prepare_store<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Option<StorePlan>> {
         validate_keys(keys)?;
         let mut new: Vec<(u32, u64)> = Vec::with_capacity(keys.len());
-        let mut seen: HashTable<u32> = HashTable::new();
+        let mut seen: HashTable<u32> = HashTable::with_capacity(keys.len());
         let mut protected: Vec<u32> = Vec::new();
         for (i, key) in keys.iter().enumerate() {
             let key = key.as_ref();
@@ -327,6 +329,17 @@ impl Store {
         let slots = self.resolve(keys, "complete_store", "pending", |e| {
             e.state == State::Pending
         })?;
+        // A key listed twice is no longer pending at its second listing: refuse the whole call
+        // rather than complete it twice.
+        if let Some(index) = self.first_repeat(&slots) {
+            return Err(Error::InvalidState {
+                op: "complete_store",
+                index,
+                key: keys[index].as_ref().to_vec(),
+                state: "listed twice",
+                needed: "pending and listed once",
+            });
+        }
         let mut stored = Vec::new();
         for slot in slots {
             let e = &mut self.entries[slot as usize];
@@ -347,6 +360,25 @@ impl Store {
         }
         self.emit(EventKind::Stored, stored);
         Ok(())
+    }
+
+    /// The position of the first slot of `slots` that repeats an earlier one. Leaves no mark.
+    fn first_repeat(&mut self, slots: &[u32]) -> Option<usize> {
+        let mut repeat = None;
+        let mut marked = 0;
+        for (i, &slot) in slots.iter().enumerate() {
+            let e = &mut self.entries[slot as usize];
+            if e.flags & LISTED != 0 {
+                repeat = Some(i);
+                break;
+            }
+            e.flags |= LISTED;
+            marked = i + 1;
+        }
+        for &slot in &slots[..marked] {
+            self.entries[slot as usize].flags &= !LISTED;
+        }
+        repeat
     }
 
     /// Looks every key up and checks `ok` on its entry before anything changes.
@@ -475,8 +507,10 @@ impl Store {
         validate_keys(keys)?;
         for key in keys.iter().rev() {
             if let Some(slot) = self.find_key(key.as_ref()) {
-                if self.entries[slot as usize].live() {
-                    self.policy.touch(&mut self.entries, slot);
+                let e = &self.entries[slot as usize];
+                if e.live() {
+                    let ready = e.state == State::Ready;
+                    self.policy.touch(&mut self.entries, slot, ready);
                 }
             }
         }
@@ -560,6 +594,7 @@ impl Store {
                 State::Ready => ready += 1,
             }
             assert_eq!(e.flags & PROTECTED, 0, "slot {slot} left protected");
+            assert_eq!(e.flags & LISTED, 0, "slot {slot} left marked as listed");
             live_slots += 1;
             pinned += u64::from(e.pins > 0);
             assert_eq!(

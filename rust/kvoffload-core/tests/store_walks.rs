@@ -1,0 +1,252 @@
+//! Exact walks through the store (issue 2), step by step with the slots, victims, order and
+//! events each step must produce.
+
+use kvoffload_core::{Error, Event, EventKind, KeyStatus, PolicyKind, Store, StorePlan};
+
+fn k(id: u8) -> Vec<u8> {
+    // 36-byte keys like vLLM's: a 32-byte hash and a 4-byte group index.
+    let mut key = vec![id; 32];
+    key.extend_from_slice(&[0, 0, 0, 0]);
+    key
+}
+
+fn ks(ids: &[u8]) -> Vec<Vec<u8>> {
+    ids.iter().map(|&i| k(i)).collect()
+}
+
+fn ids(keys: &[Vec<u8>]) -> Vec<u8> {
+    keys.iter().map(|key| key[0]).collect()
+}
+
+fn store(s: &mut Store, keys: &[u8]) -> StorePlan {
+    let plan = s
+        .prepare_store(&ks(keys))
+        .unwrap()
+        .expect("room for the keys");
+    let written: Vec<Vec<u8>> = plan.indices.iter().map(|&i| k(keys[i as usize])).collect();
+    s.complete_store(&written, true).unwrap();
+    s.check_invariants();
+    plan
+}
+
+fn order(s: &Store) -> Vec<Vec<u8>> {
+    s.recency_order().iter().map(|l| ids(l)).collect()
+}
+
+fn stored(keys: &[u8]) -> Event {
+    Event {
+        kind: EventKind::Stored,
+        keys: ks(keys),
+    }
+}
+
+fn removed(keys: &[u8]) -> Event {
+    Event {
+        kind: EventKind::Removed,
+        keys: ks(keys),
+    }
+}
+
+#[test]
+fn lru_walk_from_the_issue() {
+    let mut s = Store::new(4, PolicyKind::Lru, true).unwrap();
+    for id in 1..=4 {
+        assert_eq!(store(&mut s, &[id]).slots, vec![u32::from(id) - 1]);
+    }
+    assert_eq!(order(&s), vec![vec![1, 2, 3, 4]]);
+
+    s.touch(&ks(&[1])).unwrap();
+    assert_eq!(order(&s), vec![vec![2, 3, 4, 1]]);
+    let plan = store(&mut s, &[5]);
+    assert_eq!((ids(&plan.evicted), plan.slots), (vec![2], vec![1]));
+    assert_eq!(order(&s), vec![vec![3, 4, 1, 5]]);
+
+    // A load pins 3: the next eviction passes over it.
+    assert_eq!(s.prepare_load(&ks(&[3])).unwrap(), vec![2]);
+    let plan = store(&mut s, &[6, 7]);
+    assert_eq!(ids(&plan.evicted), vec![4, 1]);
+    // 4 left slot 3, then 1 left slot 0: the last freed slot is handed out first.
+    assert_eq!(plan.slots, vec![0, 3]);
+    assert_eq!(order(&s), vec![vec![3, 5, 6, 7]]);
+    assert_eq!(
+        s.take_events(),
+        vec![
+            stored(&[1]),
+            stored(&[2]),
+            stored(&[3]),
+            stored(&[4]),
+            removed(&[2]),
+            stored(&[5]),
+            removed(&[4, 1]),
+            stored(&[6, 7]),
+        ]
+    );
+
+    // Pin 5 and 6 too: only 7 is evictable, so two new keys cannot be stored now.
+    assert_eq!(s.prepare_load(&ks(&[5, 6])).unwrap(), vec![1, 0]);
+    let before = (s.stats(), s.recency_order());
+    assert_eq!(s.prepare_store(&ks(&[8, 9])).unwrap(), None);
+    let mut expected = before.0.clone();
+    expected.store_refusals += 1;
+    assert_eq!((s.stats(), s.recency_order()), (expected, before.1));
+    assert_eq!(s.take_events(), vec![]);
+    assert_eq!(
+        s.prepare_load(&ks(&[3, 5, 6, 7])).unwrap(),
+        vec![2, 1, 0, 3]
+    );
+    s.complete_load(&ks(&[3, 5, 6, 7, 3, 5, 6])).unwrap();
+    s.check_invariants();
+
+    // Nothing pinned now, but five new keys never fit in four slots.
+    assert_eq!(s.prepare_store(&ks(&[8, 9, 10, 11, 12])).unwrap(), None);
+    assert_eq!(s.stats().store_refusals, 2);
+    assert_eq!(order(&s), vec![vec![3, 5, 6, 7]]);
+
+    // A failed store frees its slots; the next store reuses the last freed slot first.
+    let plan = s.prepare_store(&ks(&[8, 9])).unwrap().unwrap();
+    assert_eq!((ids(&plan.evicted), plan.slots), (vec![3, 5], vec![1, 2]));
+    s.complete_store(&ks(&[8, 9]), false).unwrap();
+    s.check_invariants();
+    assert_eq!(
+        s.lookup(&ks(&[8, 9])).unwrap(),
+        vec![KeyStatus::Absent, KeyStatus::Absent]
+    );
+    assert_eq!(store(&mut s, &[10]).slots, vec![2]);
+    assert_eq!(store(&mut s, &[11]).slots, vec![1]);
+    assert_eq!(
+        s.take_events(),
+        vec![removed(&[3, 5]), stored(&[10]), stored(&[11])]
+    );
+    let st = s.stats();
+    assert_eq!(
+        (st.used_slots, st.ready, st.pending, st.pinned),
+        (4, 4, 0, 0)
+    );
+    assert_eq!(
+        (
+            st.evictions,
+            st.stores_completed,
+            st.stores_failed,
+            st.store_refusals
+        ),
+        (5, 9, 2, 2)
+    );
+}
+
+#[test]
+fn fresh_slots_come_before_freed_ones() {
+    let mut s = Store::new(4, PolicyKind::Lru, false).unwrap();
+    let plan = s.prepare_store(&ks(&[1, 2])).unwrap().unwrap();
+    assert_eq!(plan.slots, vec![0, 1]);
+    s.complete_store(&ks(&[1, 2]), false).unwrap();
+    // Slots 0 and 1 are free again, but 2 and 3 were never handed out.
+    assert_eq!(store(&mut s, &[3, 4, 5, 6]).slots, vec![2, 3, 1, 0]);
+}
+
+#[test]
+fn arc_frequent_key_survives_a_scan_that_lru_does_not() {
+    for (policy, survives) in [(PolicyKind::Arc, true), (PolicyKind::Lru, false)] {
+        let mut s = Store::new(4, policy, false).unwrap();
+        store(&mut s, &[1]);
+        // The second use of 1: a lookup hit the caller touches.
+        assert_eq!(s.lookup_prefix(&ks(&[1])).unwrap(), (1, false));
+        s.touch(&ks(&[1])).unwrap();
+        // A scan of once-used keys, one store at a time.
+        for id in 10..30 {
+            store(&mut s, &[id]);
+        }
+        let status = s.lookup(&ks(&[1])).unwrap()[0];
+        assert_eq!(status == KeyStatus::Ready, survives, "{policy:?}");
+    }
+    let mut s = Store::new(4, PolicyKind::Arc, false).unwrap();
+    store(&mut s, &[1]);
+    s.touch(&ks(&[1])).unwrap();
+    for id in 10..30 {
+        store(&mut s, &[id]);
+    }
+    assert_eq!(order(&s), vec![vec![27, 28, 29], vec![1]]);
+}
+
+#[test]
+fn arc_touch_during_the_store_is_not_a_second_use() {
+    let mut s = Store::new(4, PolicyKind::Arc, false).unwrap();
+    s.prepare_store(&ks(&[1])).unwrap().unwrap();
+    s.touch(&ks(&[1])).unwrap();
+    s.complete_store(&ks(&[1]), true).unwrap();
+    assert_eq!(order(&s), vec![vec![1], vec![]]);
+    for id in 10..14 {
+        store(&mut s, &[id]);
+    }
+    assert_eq!(s.lookup(&ks(&[1])).unwrap(), vec![KeyStatus::Absent]);
+}
+
+#[test]
+fn touch_makes_the_head_of_a_prefix_the_most_recent() {
+    let mut s = Store::new(4, PolicyKind::Lru, false).unwrap();
+    store(&mut s, &[1, 2, 3, 4]);
+    assert_eq!(order(&s), vec![vec![1, 2, 3, 4]]);
+    s.touch(&ks(&[1, 2, 9])).unwrap();
+    assert_eq!(order(&s), vec![vec![3, 4, 2, 1]]);
+    assert_eq!(ids(&store(&mut s, &[5, 6]).evicted), vec![3, 4]);
+}
+
+#[test]
+fn completing_a_store_twice_in_one_call_changes_nothing() {
+    let mut s = Store::new(4, PolicyKind::Lru, true).unwrap();
+    s.prepare_store(&ks(&[1, 2])).unwrap().unwrap();
+    let before = (s.stats(), s.recency_order());
+    let err = s.complete_store(&ks(&[1, 2, 1]), true).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidState {
+                op: "complete_store",
+                index: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("keys[2]"), "{err}");
+    assert_eq!((s.stats(), s.recency_order()), before);
+    assert_eq!(s.take_events(), vec![]);
+    s.check_invariants();
+    s.complete_store(&ks(&[2, 1]), true).unwrap();
+    assert_eq!(s.take_events(), vec![stored(&[2, 1])]);
+}
+
+#[test]
+fn reset_drops_ready_keys_now_and_busy_keys_when_released() {
+    let mut s = Store::new(4, PolicyKind::Lru, true).unwrap();
+    store(&mut s, &[1, 2, 3]);
+    s.prepare_load(&ks(&[2])).unwrap();
+    s.prepare_store(&ks(&[4])).unwrap().unwrap();
+    s.take_events();
+
+    s.reset();
+    s.check_invariants();
+    // 1 and 3 are gone, 2 (pinned, announced stored) is announced removed now; 4 was never
+    // announced, so it is not announced removed.
+    assert_eq!(s.take_events(), vec![removed(&[1, 2, 3])]);
+    assert_eq!(
+        s.lookup(&ks(&[1, 2, 3, 4])).unwrap(),
+        vec![KeyStatus::Absent; 4]
+    );
+    let st = s.stats();
+    assert_eq!(
+        (st.used_slots, st.ready, st.pending, st.pinned),
+        (2, 1, 1, 1)
+    );
+    // A reset key cannot be loaded, but its load in flight still completes.
+    assert!(s.prepare_load(&ks(&[2])).is_err());
+    s.complete_load(&ks(&[2])).unwrap();
+    s.complete_store(&ks(&[4]), true).unwrap();
+    s.check_invariants();
+    assert_eq!(s.take_events(), vec![]);
+    let st = s.stats();
+    assert_eq!(
+        (st.used_slots, st.ready, st.pending, st.pinned),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(order(&s), vec![Vec::<u8>::new()]);
+}
