@@ -4,8 +4,9 @@ use core::hash::BuildHasher;
 /// Longest key the store accepts. vLLM's keys are a 32-byte block hash plus a 4-byte group index.
 pub const MAX_KEY_LEN: usize = 64;
 
-/// A key copied inline, so an index entry needs no separate allocation.
-#[derive(Clone, Copy)]
+/// A key copied inline, so an index entry needs no separate allocation. Zero-padded, so two keys
+/// compare as two fixed-size arrays (a few vector compares, no call).
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct InlineKey {
     bytes: [u8; MAX_KEY_LEN],
     len: u8,
@@ -17,6 +18,7 @@ impl InlineKey {
         len: 0,
     };
 
+    #[inline]
     pub(crate) fn new(key: &[u8]) -> Self {
         let mut bytes = [0; MAX_KEY_LEN];
         bytes[..key.len()].copy_from_slice(key);

@@ -6,6 +6,7 @@
 mod chunk;
 mod error;
 mod events;
+mod index;
 mod key;
 mod keybuf;
 mod list;

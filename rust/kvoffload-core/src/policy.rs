@@ -5,9 +5,9 @@
 //! a 63-bit fingerprint of the key: a collision merely nudges the target, never serves data.
 
 use crate::error::{Error, Result};
+use crate::index::Index;
 use crate::list::{Linked, List, NIL};
 use core::str::FromStr;
-use hashbrown::HashTable;
 
 pub const POLICY_NAMES: &[&str] = &["lru", "arc"];
 
@@ -227,13 +227,17 @@ impl Linked for Ghost {
     }
 }
 
+/// Ghosts are looked up on every insert and mostly miss, but they must stay within the metadata
+/// budget per slot: a fuller table than the main index.
+const GHOST_INDEX_LOAD: f64 = 0.8;
+
 /// ARC's B1/B2: at most `capacity` fingerprints in all, so ghosts cost a bounded amount per slot.
 struct Ghosts {
     capacity: u32,
     target_t1: f64,
     nodes: Vec<Ghost>,
     free: Vec<u32>,
-    table: HashTable<u32>,
+    table: Index,
     lists: [List; 2],
 }
 
@@ -244,7 +248,7 @@ impl Ghosts {
             target_t1: 0.0,
             nodes: Vec::new(),
             free: Vec::new(),
-            table: HashTable::new(),
+            table: Index::with_capacity(capacity as usize, GHOST_INDEX_LOAD),
             lists: [List::default(); 2],
         }
     }
@@ -253,8 +257,7 @@ impl Ghosts {
         let fp = fp & !1;
         let nodes = &self.nodes;
         self.table
-            .find(fp, |&g| nodes[g as usize].fingerprint() == fp)
-            .copied()
+            .find(fp, |g| nodes[g as usize].fingerprint() == fp)
     }
 
     /// If `fp` is a ghost: adapt the target (B1 hit → favour recency, B2 hit → favour frequency),
@@ -275,10 +278,8 @@ impl Ghosts {
         let list = self.nodes[g as usize].list();
         self.lists[list].unlink(&mut self.nodes, g);
         let fp = self.nodes[g as usize].fingerprint();
-        self.table
-            .find_entry(fp, |&x| x == g)
-            .expect("ghost is indexed")
-            .remove();
+        let removed = self.table.remove(fp, g);
+        debug_assert!(removed, "ghost {g} is indexed");
         self.free.push(g);
     }
 
@@ -318,14 +319,12 @@ impl Ghosts {
             }
         };
         self.lists[list as usize].push_mru(&mut self.nodes, g);
-        let nodes = &self.nodes;
-        self.table
-            .insert_unique(fp, g, |&x| nodes[x as usize].fingerprint());
+        self.table.insert(fp, g);
     }
 
     fn heap_bytes(&self) -> usize {
         self.nodes.capacity() * core::mem::size_of::<Ghost>()
             + self.free.capacity() * 4
-            + self.table.allocation_size()
+            + self.table.heap_bytes()
     }
 }

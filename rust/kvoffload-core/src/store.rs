@@ -5,10 +5,13 @@
 
 use crate::error::{Error, Result};
 use crate::events::{Event, EventKind};
+use crate::index::{prefetch, Index};
 use crate::key::{hash_key, validate_keys, InlineKey};
 use crate::list::{Linked, NIL};
 use crate::policy::{Policy, PolicyKind, PolicyNode, NO_LIST};
-use hashbrown::HashTable;
+
+/// The main index is at most this full (linear probing stays short below ~0.8).
+const INDEX_LOAD: f64 = 0.7;
 
 /// Largest pool the store addresses (slot ids are `u32`, one value is reserved).
 pub const MAX_SLOTS: u32 = u32::MAX - 1;
@@ -140,7 +143,7 @@ pub struct Stats {
 
 pub struct Store {
     entries: Vec<Entry>,
-    index: HashTable<u32>,
+    index: Index,
     policy: Policy,
     /// Slots `>= next_fresh` were never handed out.
     next_fresh: u32,
@@ -162,7 +165,7 @@ impl Store {
         let n = num_slots as u32;
         Ok(Store {
             entries: vec![Entry::FREE; n as usize],
-            index: HashTable::with_capacity(n as usize),
+            index: Index::with_capacity(n as usize, INDEX_LOAD),
             policy: Policy::new(policy, n),
             next_fresh: 0,
             free: Vec::with_capacity(n as usize),
@@ -189,17 +192,74 @@ impl Store {
     fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
         let entries = &self.entries;
         self.index
-            .find(hash, |&s| entries[s as usize].key.as_slice() == key)
-            .copied()
+            .find(hash, |s| entries[s as usize].key.as_slice() == key)
     }
 
     fn find_key(&self, key: &[u8]) -> Option<u32> {
         self.find(hash_key(key), key)
     }
 
-    fn status_of(&self, key: &[u8]) -> KeyStatus {
-        self.find_key(key)
-            .map_or(KeyStatus::Absent, |s| self.entries[s as usize].status())
+    /// Finds each key's slot in order and calls `visit(i, hash, slot)` until it returns false.
+    /// Lookups are memory-bound, so while key `i` is compared, the index bucket of key
+    /// `i + 2*AHEAD` is prefetched and the first candidate entry of key `i + AHEAD` is picked
+    /// from its (by then cached) bucket and prefetched; key `i` then only confirms its candidate.
+    #[inline]
+    fn scan<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        mut visit: impl FnMut(usize, u64, Option<u32>) -> bool,
+    ) {
+        const AHEAD: usize = 8;
+        const RING: usize = 4 * AHEAD;
+        const NONE: u32 = u32::MAX;
+        let n = keys.len();
+        let entries = &self.entries;
+        let mut hashes = [0u64; RING];
+        let mut candidates = [NONE; RING];
+        let hash_ahead = |hashes: &mut [u64; RING], j: usize| {
+            hashes[j % RING] = hash_key(keys[j].as_ref());
+            self.index.prefetch(hashes[j % RING]);
+        };
+        let entry_ahead = |candidates: &mut [u32; RING], hashes: &[u64; RING], j: usize| {
+            let c = self.index.peek(hashes[j % RING]).unwrap_or(NONE);
+            candidates[j % RING] = c;
+            if c != NONE {
+                let e = &entries[c as usize];
+                prefetch(e);
+                prefetch(&e.next);
+            }
+        };
+        for j in 0..n.min(2 * AHEAD) {
+            hash_ahead(&mut hashes, j);
+        }
+        for j in 0..n.min(AHEAD) {
+            entry_ahead(&mut candidates, &hashes, j);
+        }
+        for i in 0..n {
+            if i + 2 * AHEAD < n {
+                hash_ahead(&mut hashes, i + 2 * AHEAD);
+            }
+            if i + AHEAD < n {
+                entry_ahead(&mut candidates, &hashes, i + AHEAD);
+            }
+            let (hash, candidate) = (hashes[i % RING], candidates[i % RING]);
+            let probe = InlineKey::new(keys[i].as_ref());
+            let slot = match candidate {
+                // No bucket with this tag: absent.
+                NONE => None,
+                c if entries[c as usize].key == probe => Some(c),
+                // The first tag match was another key: search the whole probe run.
+                _ => self.index.find(hash, |s| entries[s as usize].key == probe),
+            };
+            if !visit(i, hash, slot) {
+                return;
+            }
+        }
+    }
+
+    #[inline]
+    fn status_at(&self, slot: Option<u32>) -> KeyStatus {
+        slot.map_or(KeyStatus::Absent, |s| self.entries[s as usize].status())
     }
 
     fn free_slots(&self) -> usize {
@@ -228,11 +288,8 @@ impl Store {
     /// The part of freeing a slot after the policy has let go of it.
     fn unindex_and_free(&mut self, slot: u32) -> InlineKey {
         let entry = self.entries[slot as usize];
-        let hash = hash_key(entry.key.as_slice());
-        self.index
-            .find_entry(hash, |&s| s == slot)
-            .expect("live slot is indexed")
-            .remove();
+        let removed = self.index.remove(hash_key(entry.key.as_slice()), slot);
+        assert!(removed, "live slot {slot} is indexed");
         match entry.state {
             State::Pending => self.stats.pending -= 1,
             State::Ready => self.stats.ready -= 1,
@@ -248,13 +305,16 @@ impl Store {
     /// the store is unchanged (only the refusal counter moves).
     pub fn prepare_store<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Option<StorePlan>> {
         validate_keys(keys)?;
+        let mut found = Vec::with_capacity(keys.len());
+        self.scan(keys, |_, hash, slot| {
+            found.push((hash, slot));
+            true
+        });
         let mut new: Vec<(u32, u64)> = Vec::with_capacity(keys.len());
-        let mut seen: HashTable<u32> = HashTable::with_capacity(keys.len());
+        let mut seen = Index::with_capacity(keys.len(), 0.5);
         let mut protected: Vec<u32> = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            let key = key.as_ref();
-            let hash = hash_key(key);
-            if let Some(slot) = self.find(hash, key) {
+        for (i, (hash, slot)) in found.into_iter().enumerate() {
+            if let Some(slot) = slot {
                 let e = &mut self.entries[slot as usize];
                 if e.state == State::Ready && e.flags == 0 {
                     e.flags |= PROTECTED;
@@ -262,11 +322,12 @@ impl Store {
                 }
                 continue;
             }
-            let dup = seen
-                .find(hash, |&j| keys[j as usize].as_ref() == key)
-                .is_some();
-            if !dup {
-                seen.insert_unique(hash, i as u32, |&j| hash_key(keys[j as usize].as_ref()));
+            let key = keys[i].as_ref();
+            if seen
+                .find(hash, |j| keys[j as usize].as_ref() == key)
+                .is_none()
+            {
+                seen.insert(hash, i as u32);
                 new.push((i as u32, hash));
             }
         }
@@ -308,10 +369,7 @@ impl Store {
                 state: State::Pending,
                 ..Entry::FREE
             };
-            let entries = &self.entries;
-            self.index.insert_unique(hash, slot, |&s| {
-                hash_key(entries[s as usize].key.as_slice())
-            });
+            self.index.insert(hash, slot);
             self.policy.insert(&mut self.entries, slot, hash);
             self.stats.pending += 1;
             plan.indices.push(i);
@@ -391,22 +449,27 @@ impl Store {
     ) -> Result<Vec<u32>> {
         validate_keys(keys)?;
         let mut slots = Vec::with_capacity(keys.len());
-        for (index, key) in keys.iter().enumerate() {
-            let key = key.as_ref();
-            let slot = self.find_key(key);
-            match slot {
-                Some(s) if ok(&self.entries[s as usize]) => slots.push(s),
-                _ => {
-                    let state = slot.map_or("absent", |s| self.entries[s as usize].state_name());
-                    return Err(Error::InvalidState {
-                        op,
-                        index,
-                        key: key.to_vec(),
-                        state,
-                        needed,
-                    });
-                }
+        let mut bad = None;
+        self.scan(keys, |index, _, slot| match slot {
+            Some(s) if ok(&self.entries[s as usize]) => {
+                slots.push(s);
+                true
             }
+            _ => {
+                bad = Some((index, slot));
+                false
+            }
+        });
+        if let Some((index, slot)) = bad {
+            let state = slot.map_or("absent", |s| self.entries[s as usize].state_name());
+            let key = keys[index].as_ref().to_vec();
+            return Err(Error::InvalidState {
+                op,
+                index,
+                key,
+                state,
+                needed,
+            });
         }
         Ok(slots)
     }
@@ -414,25 +477,25 @@ impl Store {
     /// Number of leading keys that are ready, and whether the first key that is not is pending.
     pub fn lookup_prefix<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<(usize, bool)> {
         validate_keys(keys)?;
-        for (i, key) in keys.iter().enumerate() {
-            match self.status_of(key.as_ref()) {
-                KeyStatus::Ready => {}
-                status => {
-                    self.stats.hits += i as u64;
-                    let pending = status == KeyStatus::Pending;
-                    self.stats.misses += u64::from(!pending);
-                    return Ok((i, pending));
-                }
-            }
-        }
-        self.stats.hits += keys.len() as u64;
-        Ok((keys.len(), false))
+        let (mut hits, mut stop) = (0, KeyStatus::Ready);
+        self.scan(keys, |_, _, slot| {
+            stop = self.status_at(slot);
+            hits += usize::from(stop == KeyStatus::Ready);
+            stop == KeyStatus::Ready
+        });
+        self.stats.hits += hits as u64;
+        self.stats.misses += u64::from(stop == KeyStatus::Absent);
+        Ok((hits, stop == KeyStatus::Pending))
     }
 
     /// The status of every key.
     pub fn lookup<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<KeyStatus>> {
         validate_keys(keys)?;
-        let out: Vec<KeyStatus> = keys.iter().map(|k| self.status_of(k.as_ref())).collect();
+        let mut out = Vec::with_capacity(keys.len());
+        self.scan(keys, |_, _, slot| {
+            out.push(self.status_at(slot));
+            true
+        });
         for s in &out {
             match s {
                 KeyStatus::Ready => self.stats.hits += 1,
@@ -505,13 +568,16 @@ impl Store {
     /// prefix's head outlives its tail. Keys that are not resident are ignored.
     pub fn touch<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<()> {
         validate_keys(keys)?;
-        for key in keys.iter().rev() {
-            if let Some(slot) = self.find_key(key.as_ref()) {
-                let e = &self.entries[slot as usize];
-                if e.live() {
-                    let ready = e.state == State::Ready;
-                    self.policy.touch(&mut self.entries, slot, ready);
-                }
+        let mut slots = Vec::with_capacity(keys.len());
+        self.scan(keys, |_, _, slot| {
+            slots.extend(slot);
+            true
+        });
+        for &slot in slots.iter().rev() {
+            let e = &self.entries[slot as usize];
+            if e.live() {
+                let ready = e.state == State::Ready;
+                self.policy.touch(&mut self.entries, slot, ready);
             }
         }
         Ok(())
@@ -555,7 +621,7 @@ impl Store {
 
     fn metadata_bytes(&self) -> usize {
         self.entries.capacity() * core::mem::size_of::<Entry>()
-            + self.index.allocation_size()
+            + self.index.heap_bytes()
             + self.free.capacity() * 4
             + self.policy.heap_bytes()
     }

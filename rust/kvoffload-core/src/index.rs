@@ -1,0 +1,189 @@
+//! `Index`: a hash → `u32` id map with open addressing, linear probing and backward-shift deletion.
+//!
+//! A bucket packs the top 32 bits of the hash (which also pick the home bucket) with the id, so a
+//! probe reads 8 bytes and asks the caller to compare keys only when those 32 bits match. There
+//! are no tombstones, so the table never rehashes: its capacity is fixed at construction, which
+//! the store knows (one id per slot). Batches prefetch the buckets they are about to probe.
+
+const EMPTY: u64 = 0;
+
+#[inline]
+fn tag(hash: u64) -> u32 {
+    (hash >> 32) as u32
+}
+
+pub(crate) struct Index {
+    buckets: Box<[u64]>,
+    len: usize,
+    capacity: usize,
+}
+
+impl Index {
+    /// Room for `capacity` ids with the table at most `max_load` full.
+    pub(crate) fn with_capacity(capacity: usize, max_load: f64) -> Self {
+        let n = ((capacity as f64 / max_load).ceil() as usize)
+            .max(capacity + 1)
+            .max(8);
+        Index {
+            buckets: vec![EMPTY; n].into_boxed_slice(),
+            len: 0,
+            capacity,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.buckets.len() * core::mem::size_of::<u64>()
+    }
+
+    #[inline]
+    fn home(&self, tag: u32) -> usize {
+        ((u64::from(tag) * self.buckets.len() as u64) >> 32) as usize
+    }
+
+    #[inline]
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.buckets.len() {
+            0
+        } else {
+            i + 1
+        }
+    }
+
+    /// The id stored under `hash` for which `eq` holds.
+    #[inline]
+    pub(crate) fn find(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        let t = tag(hash);
+        let mut i = self.home(t);
+        loop {
+            let b = self.buckets[i];
+            if b == EMPTY {
+                return None;
+            }
+            if tag(b) == t && eq(b as u32 - 1) {
+                return Some(b as u32 - 1);
+            }
+            i = self.next(i);
+        }
+    }
+
+    /// The first id whose bucket matches `hash`'s tag, without comparing keys: a prefetch hint.
+    #[inline]
+    pub(crate) fn peek(&self, hash: u64) -> Option<u32> {
+        self.find(hash, |_| true)
+    }
+
+    /// Stores `id` under `hash`; the caller guarantees it is not there yet and there is room.
+    pub(crate) fn insert(&mut self, hash: u64, id: u32) {
+        assert!(self.len < self.capacity, "index over capacity");
+        debug_assert!(id < u32::MAX);
+        let t = tag(hash);
+        let mut i = self.home(t);
+        while self.buckets[i] != EMPTY {
+            i = self.next(i);
+        }
+        self.buckets[i] = (u64::from(t) << 32) | u64::from(id + 1);
+        self.len += 1;
+    }
+
+    /// Removes `id` stored under `hash`; false if it is not there.
+    pub(crate) fn remove(&mut self, hash: u64, id: u32) -> bool {
+        let want = (u64::from(tag(hash)) << 32) | u64::from(id + 1);
+        let mut hole = self.home(tag(hash));
+        loop {
+            match self.buckets[hole] {
+                EMPTY => return false,
+                b if b == want => break,
+                _ => hole = self.next(hole),
+            }
+        }
+        // Backward shift: pull later members of the probe run into the hole when their home
+        // bucket lies at or before it, so every id stays reachable from its home without gaps.
+        let n = self.buckets.len();
+        let dist = |from: usize, to: usize| (to + n - from) % n;
+        let mut j = self.next(hole);
+        while self.buckets[j] != EMPTY {
+            let home = self.home(tag(self.buckets[j]));
+            if dist(home, hole) < dist(home, j) {
+                self.buckets[hole] = self.buckets[j];
+                hole = j;
+            }
+            j = self.next(j);
+        }
+        self.buckets[hole] = EMPTY;
+        self.len -= 1;
+        true
+    }
+
+    #[inline]
+    pub(crate) fn prefetch(&self, hash: u64) {
+        prefetch(&self.buckets[self.home(tag(hash))]);
+    }
+}
+
+/// Asks the CPU to start loading `value`'s cache line; a hint with no effect on results.
+#[inline]
+pub(crate) fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching is a hint that never faults, and the pointer comes from a reference.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+            (value as *const T).cast::<i8>(),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn colliding_hashes_stay_reachable_after_removals() {
+        let mut index = Index::with_capacity(6, 0.75);
+        // Same tag for all: one long probe run that wraps around the 8 buckets.
+        let h = 0xffff_ffff_0000_0000;
+        for id in 0..6 {
+            index.insert(h, id);
+        }
+        assert!(index.remove(h, 2));
+        assert!(!index.remove(h, 2));
+        for id in [0, 1, 3, 4, 5] {
+            assert_eq!(index.find(h, |x| x == id), Some(id));
+        }
+        assert_eq!(index.find(h, |x| x == 2), None);
+        assert_eq!(index.len(), 5);
+    }
+
+    proptest! {
+        #[test]
+        fn behaves_like_a_map(ops in prop::collection::vec((0u8..3, 0u64..40), 1..300)) {
+            let mut index = Index::with_capacity(24, 0.8);
+            let mut model: HashMap<u64, u32> = HashMap::new();
+            // Few distinct tags so probe runs collide and wrap.
+            let hash = |k: u64| (k % 7) << 61 | k;
+            for (op, k) in ops {
+                let id = k as u32;
+                match op {
+                    0 if !model.contains_key(&k) && model.len() < 24 => {
+                        index.insert(hash(k), id);
+                        model.insert(k, id);
+                    }
+                    1 => prop_assert_eq!(index.remove(hash(k), id), model.remove(&k).is_some()),
+                    _ => {}
+                }
+                for (&mk, &mid) in &model {
+                    prop_assert_eq!(index.find(hash(mk), |x| x == mid), Some(mid));
+                }
+                prop_assert_eq!(index.find(hash(k), |x| x == id), model.get(&k).copied());
+                prop_assert_eq!(index.len(), model.len());
+            }
+        }
+    }
+}
