@@ -168,3 +168,14 @@ def test_finished_request_holds_blocks_until_its_stores_complete():
     assert sched.has_request("a")
     result = sched.complete_job(fin.store_jobs[0].job_id, True)
     assert result.request_released and not sched.has_request("a")
+
+
+def test_arc_counts_loads_as_reuse_but_not_the_finish_refresh():
+    _, store, eng = after_first(0, eviction_policy="arc")
+    keys = [h + bytes(4) for h in block_hashes(SECOND)[2:12:3]]  # chunks 0..3 of SECOND
+    # The first request's chunks were stored once: its finish only refreshed their order.
+    assert store.recency_order() == [keys[2::-1], []]
+    eng.run("second", SECOND, 52, 53)
+    # Loaded by the second request: a real reuse, so ARC's frequent list; its own new chunk 3
+    # stays in the recent list. Earlier chunks of a prefix end up most recent.
+    assert store.recency_order() == [[keys[3]], keys[2::-1]]

@@ -164,9 +164,12 @@ class CpuStore:
         """Unpins every key once (each must be pinned as often as it is listed)."""
         self._inner.complete_load(keys)
 
-    def touch(self, keys: Keys) -> None:
-        """Marks resident keys as used so the earlier keys of the batch become the most recent."""
-        self._inner.touch(keys)
+    def touch(self, keys: Keys, *, reuse: bool = True) -> None:
+        """Marks resident keys as used so the earlier keys of the batch become the most recent.
+        `reuse=False` only refreshes their order: under ARC a key is promoted to the frequent list
+        only when it is really used again (a load hit), not when the request that stored it
+        refreshes its prefix order."""
+        self._inner.touch(keys, reuse)
 
     def reset(self) -> None:
         """Drops every ready, unpinned key; pending and pinned keys miss from now on and leave

@@ -212,8 +212,9 @@ class OffloadScheduler:
         `plan_step`, so their chunks are stored too. Keep its GPU blocks while `hold_blocks`."""
         req = self._request(request_id)
         jobs = [] if final is None or (job := self._apply_update(final)) is None else [job]
-        # Refresh recency once per request, in prefix order: its head outlives its tail.
-        self.store.touch(req.keys.view(0, req.stored_chunks))
+        # Refresh recency once per request, in prefix order, so its head outlives its tail; not a
+        # reuse (loads already counted theirs), so ARC keeps once-stored chunks in its T1.
+        self.store.touch(req.keys.view(0, req.stored_chunks), reuse=False)
         req.finished = True
         if not req.jobs:
             del self._requests[request_id]

@@ -93,14 +93,13 @@ impl Policy {
         }
     }
 
-    /// A use of a resident key: LRU moves it to the recent end, ARC promotes it to T2's recent end.
-    /// A key whose store is still in flight (`ready == false`) has not been used again, only
-    /// seen again: ARC moves it to the recent end of the list it is in, so a touch during its
-    /// own store does not make a once-used key look frequent.
-    pub(crate) fn touch<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, ready: bool) {
+    /// Moves a resident key to the recent end. With `promote` (a real reuse) ARC moves it to T2;
+    /// without (a key whose store is still in flight, or one only refreshed in its prefix order)
+    /// it stays in its list, so a once-used key does not come to look frequent.
+    pub(crate) fn touch<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, promote: bool) {
         let list = nodes[i as usize].list();
         self.lists[list as usize].unlink(nodes, i);
-        let to = if self.kind == PolicyKind::Arc && ready {
+        let to = if self.kind == PolicyKind::Arc && promote {
             T2
         } else {
             list

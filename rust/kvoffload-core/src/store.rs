@@ -565,8 +565,11 @@ impl Store {
     }
 
     /// Marks keys as just used, so that the earlier keys of `keys` end up the most recent: a
-    /// prefix's head outlives its tail. Keys that are not resident are ignored.
-    pub fn touch<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<()> {
+    /// prefix's head outlives its tail. Keys that are not resident are ignored. `reuse` says the
+    /// keys were used again (a load hit): ARC then promotes the ready ones to its frequent list;
+    /// without it, keys only move to the recent end of the list they are in (e.g. a request
+    /// refreshing the prefix order of the chunks it stored).
+    pub fn touch<K: AsRef<[u8]>>(&mut self, keys: &[K], reuse: bool) -> Result<()> {
         validate_keys(keys)?;
         let mut slots = Vec::with_capacity(keys.len());
         self.scan(keys, |_, _, slot| {
@@ -576,8 +579,8 @@ impl Store {
         for &slot in slots.iter().rev() {
             let e = &self.entries[slot as usize];
             if e.live() {
-                let ready = e.state == State::Ready;
-                self.policy.touch(&mut self.entries, slot, ready);
+                let promote = reuse && e.state == State::Ready;
+                self.policy.touch(&mut self.entries, slot, promote);
             }
         }
         Ok(())

@@ -55,7 +55,7 @@ fn lru_walk_from_the_issue() {
     }
     assert_eq!(order(&s), vec![vec![1, 2, 3, 4]]);
 
-    s.touch(&ks(&[1])).unwrap();
+    s.touch(&ks(&[1]), true).unwrap();
     assert_eq!(order(&s), vec![vec![2, 3, 4, 1]]);
     let plan = store(&mut s, &[5]);
     assert_eq!((ids(&plan.evicted), plan.slots), (vec![2], vec![1]));
@@ -150,7 +150,7 @@ fn arc_frequent_key_survives_a_scan_that_lru_does_not() {
         store(&mut s, &[1]);
         // The second use of 1: a lookup hit the caller touches.
         assert_eq!(s.lookup_prefix(&ks(&[1])).unwrap(), (1, false));
-        s.touch(&ks(&[1])).unwrap();
+        s.touch(&ks(&[1]), true).unwrap();
         // A scan of once-used keys, one store at a time.
         for id in 10..30 {
             store(&mut s, &[id]);
@@ -160,7 +160,7 @@ fn arc_frequent_key_survives_a_scan_that_lru_does_not() {
     }
     let mut s = Store::new(4, PolicyKind::Arc, false).unwrap();
     store(&mut s, &[1]);
-    s.touch(&ks(&[1])).unwrap();
+    s.touch(&ks(&[1]), true).unwrap();
     for id in 10..30 {
         store(&mut s, &[id]);
     }
@@ -171,7 +171,7 @@ fn arc_frequent_key_survives_a_scan_that_lru_does_not() {
 fn arc_touch_during_the_store_is_not_a_second_use() {
     let mut s = Store::new(4, PolicyKind::Arc, false).unwrap();
     s.prepare_store(&ks(&[1])).unwrap().unwrap();
-    s.touch(&ks(&[1])).unwrap();
+    s.touch(&ks(&[1]), true).unwrap();
     s.complete_store(&ks(&[1]), true).unwrap();
     assert_eq!(order(&s), vec![vec![1], vec![]]);
     for id in 10..14 {
@@ -185,7 +185,7 @@ fn touch_makes_the_head_of_a_prefix_the_most_recent() {
     let mut s = Store::new(4, PolicyKind::Lru, false).unwrap();
     store(&mut s, &[1, 2, 3, 4]);
     assert_eq!(order(&s), vec![vec![1, 2, 3, 4]]);
-    s.touch(&ks(&[1, 2, 9])).unwrap();
+    s.touch(&ks(&[1, 2, 9]), true).unwrap();
     assert_eq!(order(&s), vec![vec![3, 4, 2, 1]]);
     assert_eq!(ids(&store(&mut s, &[5, 6]).evicted), vec![3, 4]);
 }

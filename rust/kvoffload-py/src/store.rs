@@ -128,8 +128,9 @@ impl Store {
         self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.complete_load(k))
     }
 
-    fn touch(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.touch(k))
+    #[pyo3(signature = (keys, reuse = true))]
+    fn touch(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, reuse: bool) -> PyResult<()> {
+        self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.touch(k, reuse))
     }
 
     fn reset(&self, py: Python<'_>) -> PyResult<()> {
