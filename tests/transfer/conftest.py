@@ -87,3 +87,22 @@ def make_cache():
 def kind(request):
     """Runs a test once per layout in LAYOUTS."""
     return request.param
+
+
+@pytest.fixture
+def fail_second_copy(monkeypatch):
+    """Makes an engine's second job raise inside its copy, after the copies it queued."""
+
+    def install(engine):
+        real = engine._execute
+        calls = []
+
+        def copy_then_fail_second_job(plan, direction):
+            calls.append(plan)
+            real(plan, direction)
+            if len(calls) == 2:
+                raise RuntimeError("injected failure inside the copy")
+
+        monkeypatch.setattr(engine, "_execute", copy_then_fail_second_job)
+
+    return install

@@ -129,19 +129,10 @@ def test_runs_of_slots_across_pool_pieces_round_trip(make_cache, path):
         assert torch.equal(cache.block(b), stored[b]), b
 
 
-def test_failed_copy_reports_failure_and_other_jobs_complete(make_cache, monkeypatch):
+def test_failed_copy_reports_failure_and_other_jobs_complete(make_cache, fail_second_copy):
     cache = make_cache("per_layer")
     engine = cache.engine(num_slots=10, blocks_per_chunk=2)
-    real = engine._execute
-    calls = []
-
-    def copy_then_fail_second_job(plan, direction):
-        calls.append(plan)
-        real(plan, direction)
-        if len(calls) == 2:
-            raise RuntimeError("injected failure inside the copy")
-
-    monkeypatch.setattr(engine, "_execute", copy_then_fail_second_job)
+    fail_second_copy(engine)
     stored = cache.blocks([0, 1, 4, 5])
     engine.submit_store(1, [0, 1], [0])
     engine.submit_store(2, [2, 3], [1])

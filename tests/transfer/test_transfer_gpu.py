@@ -110,19 +110,10 @@ def test_store_waits_for_an_explicit_compute_stream(make_cache):
     assert torch.equal(engine.pool.slot(3), cache.block(5))
 
 
-def test_failed_job_is_reported_after_its_copies_and_others_succeed(make_cache, monkeypatch):
+def test_failed_job_is_reported_after_its_copies_and_others_succeed(make_cache, fail_second_copy):
     cache = make_cache("per_layer", device="cuda")
     engine = cache.engine(num_slots=8, blocks_per_chunk=2)
-    real = engine._execute
-    calls = []
-
-    def copy_then_fail_second_job(plan, direction):
-        calls.append(plan)
-        real(plan, direction)
-        if len(calls) == 2:
-            raise RuntimeError("injected failure inside the copy")
-
-    monkeypatch.setattr(engine, "_execute", copy_then_fail_second_job)
+    fail_second_copy(engine)
     stored = cache.blocks([0, 1, 4, 5])
     for job, first in ((1, 0), (2, 2), (3, 4)):
         engine.submit_store(job, [first, first + 1], [job])
