@@ -1,3 +1,5 @@
+use crate::keybuf::KeyBuf;
+
 /// What happened to a batch of keys, for vLLM's KV-cache events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
@@ -11,5 +13,5 @@ pub enum EventKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     pub kind: EventKind,
-    pub keys: Vec<Vec<u8>>,
+    pub keys: KeyBuf,
 }

@@ -64,6 +64,16 @@ impl KeyBuf {
         Some(&self.data[start..end])
     }
 
+    /// The keys in order.
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        (0..self.len()).map(|i| self.get(i).expect("in range"))
+    }
+
+    /// The keys as owned vectors (for tests and diagnostics).
+    pub fn to_vecs(&self) -> Vec<Vec<u8>> {
+        self.iter().map(<[u8]>::to_vec).collect()
+    }
+
     /// Borrowed keys `start..end` (clamped to the buffer), in the form every store call takes.
     pub fn slices(&self, start: usize, end: usize) -> Vec<&[u8]> {
         let end = end.min(self.len());

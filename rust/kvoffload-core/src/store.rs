@@ -6,7 +6,8 @@
 use crate::error::{Error, Result};
 use crate::events::{Event, EventKind};
 use crate::index::{prefetch, Index};
-use crate::key::{hash_key, validate_keys, InlineKey};
+use crate::key::{hash_key, validate_keys, InlineKey, MAX_KEY_LEN};
+use crate::keybuf::KeyBuf;
 use crate::list::{Linked, NIL};
 use crate::policy::{Policy, PolicyKind, PolicyNode, NO_LIST};
 
@@ -117,7 +118,7 @@ pub struct StorePlan {
     /// The slot each of those keys is written to.
     pub slots: Vec<u32>,
     /// Keys evicted to make room, oldest first.
-    pub evicted: Vec<Vec<u8>>,
+    pub evicted: KeyBuf,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -271,7 +272,7 @@ impl Store {
         e.state == State::Ready && e.pins == 0 && e.flags == 0
     }
 
-    fn emit(&mut self, kind: EventKind, keys: Vec<Vec<u8>>) {
+    fn emit(&mut self, kind: EventKind, keys: KeyBuf) {
         if let Some(events) = &mut self.events {
             if !keys.is_empty() {
                 events.push(Event { kind, keys });
@@ -343,11 +344,12 @@ impl Store {
             return Ok(None);
         };
 
-        let mut evicted = Vec::with_capacity(victims.len());
+        let mut evicted = KeyBuf::with_capacity(victims.len(), MAX_KEY_LEN);
         for slot in victims {
             let fingerprint = hash_key(self.entries[slot as usize].key.as_slice());
             self.policy.evict(&mut self.entries, slot, fingerprint);
-            evicted.push(self.unindex_and_free(slot).as_slice().to_vec());
+            let key = self.unindex_and_free(slot);
+            evicted.push_unchecked(key.as_slice());
         }
         self.stats.evictions += evicted.len() as u64;
 
@@ -398,7 +400,7 @@ impl Store {
                 needed: "pending and listed once",
             });
         }
-        let mut stored = Vec::new();
+        let mut stored = KeyBuf::new();
         for slot in slots {
             let e = &mut self.entries[slot as usize];
             if success && e.live() {
@@ -407,7 +409,7 @@ impl Store {
                 self.stats.ready += 1;
                 self.stats.stores_completed += 1;
                 if self.events.is_some() {
-                    stored.push(e.key.as_slice().to_vec());
+                    stored.push_unchecked(e.key.as_slice());
                 }
             } else {
                 if !success {
@@ -589,19 +591,19 @@ impl Store {
     /// Drops every ready, unpinned key now (one "removed" event); pending and pinned keys answer
     /// as absent from now on and are dropped when their store or last load completes.
     pub fn reset(&mut self) {
-        let mut removed = Vec::new();
+        let mut removed = KeyBuf::new();
         for slot in 0..self.next_fresh {
             let e = self.entries[slot as usize];
             match e.state {
                 State::Free => {}
                 State::Ready if e.pins == 0 => {
                     self.release_slot(slot);
-                    removed.push(e.key.as_slice().to_vec());
+                    removed.push_unchecked(e.key.as_slice());
                 }
                 // Announced as stored, so announced as removed now, since lookups miss it from now on.
                 State::Ready if e.live() => {
                     self.entries[slot as usize].flags |= DOOMED;
-                    removed.push(e.key.as_slice().to_vec());
+                    removed.push_unchecked(e.key.as_slice());
                 }
                 _ => self.entries[slot as usize].flags |= DOOMED,
             }

@@ -6,7 +6,9 @@
 //! counters). Under ARC it predicts everything but the choice of victims, which it checks for
 //! validity instead (right number, each one ready, unpinned and not offered in the same call).
 
-use kvoffload_core::{Error, Event, EventKind, KeyStatus, PolicyKind, Stats, Store, StorePlan};
+use kvoffload_core::{
+    Error, Event, EventKind, KeyBuf, KeyStatus, PolicyKind, Stats, Store, StorePlan,
+};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -32,8 +34,8 @@ fn id_of(key: &[u8]) -> u8 {
     id
 }
 
-fn ids_of(keys: &[Vec<u8>]) -> Vec<u8> {
-    keys.iter().map(|k| id_of(k)).collect()
+fn ids_of<K: AsRef<[u8]>>(keys: impl IntoIterator<Item = K>) -> Vec<u8> {
+    keys.into_iter().map(|k| id_of(k.as_ref())).collect()
 }
 
 #[derive(Debug, Clone)]
@@ -436,7 +438,7 @@ impl EventLog {
     fn apply(&mut self, events: &[Event], model: &Model) {
         for ev in events {
             assert!(!ev.keys.is_empty(), "empty event batch");
-            for k in ids_of(&ev.keys) {
+            for k in ids_of(ev.keys.iter()) {
                 match ev.kind {
                     EventKind::Removed => {
                         assert!(
@@ -468,7 +470,7 @@ fn event(kind: EventKind, ids: &[u8]) -> Vec<Event> {
     } else {
         vec![Event {
             kind,
-            keys: keys(ids),
+            keys: KeyBuf::from_keys(&keys(ids)).unwrap(),
         }]
     }
 }
@@ -512,7 +514,8 @@ fn run(policy: PolicyKind, n: u32, events_on: bool, ops: &[Op]) {
         match op {
             Op::Prepare(ids) => {
                 let got = store.prepare_store(&keys(ids)).expect("valid keys");
-                let want = model.prepare(ids, got.as_ref().map(|p| &p.evicted[..]));
+                let store_evicted = got.as_ref().map(|p| p.evicted.to_vecs());
+                let want = model.prepare(ids, store_evicted.as_deref());
                 match (got, want) {
                     (None, None) => {
                         let mut after = before.clone();
@@ -529,7 +532,7 @@ fn run(policy: PolicyKind, n: u32, events_on: bool, ops: &[Op]) {
                     ) => {
                         assert_eq!(indices, w.indices, "keys to write");
                         assert_eq!(slots, w.slots, "slots handed out");
-                        assert_eq!(ids_of(&evicted), w.evicted, "victims");
+                        assert_eq!(ids_of(evicted.iter()), w.evicted, "victims");
                         expected_events = event(EventKind::Removed, &w.evicted);
                     }
                     (got, want) => panic!(

@@ -1,7 +1,7 @@
 //! Exact walks through the store (issue 2), step by step with the slots, victims, order and
 //! events each step must produce.
 
-use kvoffload_core::{Error, Event, EventKind, KeyStatus, PolicyKind, Store, StorePlan};
+use kvoffload_core::{Error, Event, EventKind, KeyBuf, KeyStatus, PolicyKind, Store, StorePlan};
 
 fn k(id: u8) -> Vec<u8> {
     // 36-byte keys like vLLM's: a 32-byte hash and a 4-byte group index.
@@ -14,8 +14,8 @@ fn ks(ids: &[u8]) -> Vec<Vec<u8>> {
     ids.iter().map(|&i| k(i)).collect()
 }
 
-fn ids(keys: &[Vec<u8>]) -> Vec<u8> {
-    keys.iter().map(|key| key[0]).collect()
+fn ids<K: AsRef<[u8]>>(keys: impl IntoIterator<Item = K>) -> Vec<u8> {
+    keys.into_iter().map(|key| key.as_ref()[0]).collect()
 }
 
 fn store(s: &mut Store, keys: &[u8]) -> StorePlan {
@@ -30,20 +30,20 @@ fn store(s: &mut Store, keys: &[u8]) -> StorePlan {
 }
 
 fn order(s: &Store) -> Vec<Vec<u8>> {
-    s.recency_order().iter().map(|l| ids(l)).collect()
+    s.recency_order().iter().map(ids).collect()
 }
 
 fn stored(keys: &[u8]) -> Event {
     Event {
         kind: EventKind::Stored,
-        keys: ks(keys),
+        keys: KeyBuf::from_keys(&ks(keys)).unwrap(),
     }
 }
 
 fn removed(keys: &[u8]) -> Event {
     Event {
         kind: EventKind::Removed,
-        keys: ks(keys),
+        keys: KeyBuf::from_keys(&ks(keys)).unwrap(),
     }
 }
 
@@ -58,13 +58,13 @@ fn lru_walk_from_the_issue() {
     s.touch(&ks(&[1]), true).unwrap();
     assert_eq!(order(&s), vec![vec![2, 3, 4, 1]]);
     let plan = store(&mut s, &[5]);
-    assert_eq!((ids(&plan.evicted), plan.slots), (vec![2], vec![1]));
+    assert_eq!((ids(plan.evicted.iter()), plan.slots), (vec![2], vec![1]));
     assert_eq!(order(&s), vec![vec![3, 4, 1, 5]]);
 
     // A load pins 3: the next eviction passes over it.
     assert_eq!(s.prepare_load(&ks(&[3])).unwrap(), vec![2]);
     let plan = store(&mut s, &[6, 7]);
-    assert_eq!(ids(&plan.evicted), vec![4, 1]);
+    assert_eq!(ids(plan.evicted.iter()), vec![4, 1]);
     // 4 left slot 3, then 1 left slot 0: the last freed slot is handed out first.
     assert_eq!(plan.slots, vec![0, 3]);
     assert_eq!(order(&s), vec![vec![3, 5, 6, 7]]);
@@ -104,7 +104,10 @@ fn lru_walk_from_the_issue() {
 
     // A failed store frees its slots; the next store reuses the last freed slot first.
     let plan = s.prepare_store(&ks(&[8, 9])).unwrap().unwrap();
-    assert_eq!((ids(&plan.evicted), plan.slots), (vec![3, 5], vec![1, 2]));
+    assert_eq!(
+        (ids(plan.evicted.iter()), plan.slots),
+        (vec![3, 5], vec![1, 2])
+    );
     s.complete_store(&ks(&[8, 9]), false).unwrap();
     s.check_invariants();
     assert_eq!(
@@ -187,7 +190,7 @@ fn touch_makes_the_head_of_a_prefix_the_most_recent() {
     assert_eq!(order(&s), vec![vec![1, 2, 3, 4]]);
     s.touch(&ks(&[1, 2, 9]), true).unwrap();
     assert_eq!(order(&s), vec![vec![3, 4, 2, 1]]);
-    assert_eq!(ids(&store(&mut s, &[5, 6]).evicted), vec![3, 4]);
+    assert_eq!(ids(store(&mut s, &[5, 6]).evicted.iter()), vec![3, 4]);
 }
 
 #[test]

@@ -71,8 +71,11 @@ pub(crate) fn int64_bytes<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, Py
     PyBytes::new(py, &raw)
 }
 
-pub(crate) fn bytes_list<'py>(py: Python<'py>, keys: &[Vec<u8>]) -> PyResult<Bound<'py, PyList>> {
-    PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
+pub(crate) fn bytes_list<'py, K: AsRef<[u8]>>(
+    py: Python<'py>,
+    keys: impl IntoIterator<Item = K>,
+) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, keys.into_iter().map(|k| PyBytes::new(py, k.as_ref())))
 }
 
 /// A `keys` argument of a store call.

@@ -84,7 +84,7 @@ impl Store {
             arg.select(py, keys, &plan.indices)?,
             int64_bytes(py, &plan.indices),
             int64_bytes(py, &plan.slots),
-            bytes_list(py, &plan.evicted)?,
+            bytes_list(py, plan.evicted.iter())?,
         )))
     }
 
@@ -150,7 +150,7 @@ impl Store {
                     EventKind::Stored => "stored",
                     EventKind::Removed => "removed",
                 };
-                Ok((kind, bytes_list(py, &e.keys)?))
+                Ok((kind, bytes_list(py, e.keys.iter())?))
             })
             .collect()
     }
