@@ -31,12 +31,13 @@ pub(crate) fn append_chunk_keys<H: AsRef<[u8]>>(
         }
     }
     let suffix = group_idx.to_be_bytes();
+    let count = num_chunks.saturating_sub(start_chunk);
+    out.reserve(
+        count,
+        block_hashes.first().map_or(0, |h| h.as_ref().len()) + GROUP_SUFFIX_LEN,
+    );
     for index in last_blocks() {
-        let mut key = [0u8; MAX_KEY_LEN];
-        let hash = block_hashes[index].as_ref();
-        key[..hash.len()].copy_from_slice(hash);
-        key[hash.len()..hash.len() + GROUP_SUFFIX_LEN].copy_from_slice(&suffix);
-        out.push_unchecked(&key[..hash.len() + GROUP_SUFFIX_LEN]);
+        out.push_concat_unchecked(block_hashes[index].as_ref(), &suffix);
     }
     Ok(())
 }

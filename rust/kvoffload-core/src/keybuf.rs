@@ -45,6 +45,17 @@ impl KeyBuf {
         Ok(())
     }
 
+    pub(crate) fn reserve(&mut self, keys: usize, key_len: usize) {
+        self.data.reserve(keys * key_len);
+        self.ends.reserve(keys);
+    }
+
+    /// Appends the key `head + tail` (lengths already checked).
+    pub(crate) fn push_concat_unchecked(&mut self, head: &[u8], tail: &[u8]) {
+        self.data.extend_from_slice(head);
+        self.push_unchecked(tail);
+    }
+
     pub(crate) fn push_unchecked(&mut self, key: &[u8]) {
         self.data.extend_from_slice(key);
         self.ends.push(self.data.len());

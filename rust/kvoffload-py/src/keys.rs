@@ -4,63 +4,81 @@
 use crate::errors::{to_py, KVOffloadError};
 use kvoffload_core::KeyBuf;
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyList, PyType};
+use pyo3::Borrowed;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
+fn type_name(obj: &Borrowed<'_, '_, PyAny>) -> String {
     obj.get_type()
         .name()
         .map(|n| n.to_string())
         .unwrap_or_default()
 }
 
-/// Borrows each item of `items[start..]` as bytes; `what` names the argument in errors.
-fn borrow_bytes<'py>(
-    items: &Bound<'py, PyAny>,
-    start: usize,
-    what: &str,
-) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+/// `items` as a list (itself when it is one), refusing a lone `bytes`.
+fn as_list<'py>(items: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyList>> {
     if items.is_instance_of::<PyBytes>() {
         return Err(PyTypeError::new_err(format!(
             "{what} must be a sequence of bytes, got a single bytes object"
         )));
     }
-    let cast = |i: usize, item: Bound<'py, PyAny>| {
-        if !item.is_instance_of::<PyBytes>() {
-            let ty = type_name(&item);
-            return Err(PyTypeError::new_err(format!(
-                "{what}[{i}] must be bytes, got {ty}"
-            )));
+    match items.cast::<PyList>() {
+        Ok(list) => Ok(list.clone()),
+        Err(_) => Ok(items
+            .py()
+            .get_type::<PyList>()
+            .call1((items,))?
+            .cast_into()?),
+    }
+}
+
+/// The contents of `list[start..]`, each checked to be `bytes`; `what` names the argument in
+/// errors. A batch of thousands of keys crosses here on every call, so this reads the items
+/// through the C API directly: no reference counting and no owned handle per item.
+///
+/// The slices point into the list's bytes objects: use them before any Python code can run
+/// (which could change the list); the callers copy them out at once.
+fn list_bytes<'a>(
+    list: &'a Bound<'_, PyList>,
+    start: usize,
+    what: &str,
+) -> PyResult<Vec<&'a [u8]>> {
+    let py = list.py();
+    let n = list.len();
+    let mut out = Vec::with_capacity(n.saturating_sub(start));
+    for i in start..n {
+        // SAFETY: the GIL is held (we have `py`) and `i < len`, so PyList_GetItem returns a
+        // borrowed, live item that the list keeps alive; no Python code runs while the slices
+        // are used, so nothing can replace or free it. PyBytes_AsStringAndSize only runs on a
+        // checked bytes object and gives its immutable buffer.
+        unsafe {
+            let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
+            if item.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            if ffi::PyBytes_Check(item) == 0 {
+                let ty = type_name(&Borrowed::from_ptr(py, item));
+                return Err(PyTypeError::new_err(format!(
+                    "{what}[{i}] must be bytes, got {ty}"
+                )));
+            }
+            let mut data: *mut std::ffi::c_char = std::ptr::null_mut();
+            let mut len: ffi::Py_ssize_t = 0;
+            if ffi::PyBytes_AsStringAndSize(item, &mut data, &mut len) != 0 {
+                return Err(PyErr::fetch(py));
+            }
+            out.push(std::slice::from_raw_parts(data.cast::<u8>(), len as usize));
         }
-        item.cast_into::<PyBytes>().map_err(PyErr::from)
-    };
-    if let Ok(list) = items.cast::<PyList>() {
-        return (start..list.len())
-            .map(|i| cast(i, list.get_item(i)?))
-            .collect();
     }
-    if let Ok(tuple) = items.cast::<PyTuple>() {
-        return (start..tuple.len())
-            .map(|i| cast(i, tuple.get_item(i)?))
-            .collect();
-    }
-    items
-        .try_iter()?
-        .enumerate()
-        .skip(start)
-        .map(|(i, item)| cast(i, item?))
-        .collect()
+    Ok(out)
 }
 
 fn copy_keys(items: &Bound<'_, PyAny>) -> PyResult<KeyBuf> {
-    let owned = borrow_bytes(items, 0, "keys")?;
-    let mut buf =
-        KeyBuf::with_capacity(owned.len(), owned.first().map_or(0, |b| b.as_bytes().len()));
-    for b in &owned {
-        buf.push(b.as_bytes()).map_err(to_py)?;
-    }
-    Ok(buf)
+    let list = as_list(items, "keys")?;
+    let slices = list_bytes(&list, 0, "keys")?;
+    KeyBuf::from_keys(&slices).map_err(to_py)
 }
 
 pub(crate) fn int64_bytes<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyBytes> {
@@ -286,8 +304,8 @@ impl KeyList {
         group_idx: u32,
     ) -> PyResult<usize> {
         let mut buf = self.write()?;
-        let owned = borrow_bytes(block_hashes, buf.len() * blocks_per_chunk, "block_hashes")?;
-        let tail: Vec<&[u8]> = owned.iter().map(|b| b.as_bytes()).collect();
+        let list = as_list(block_hashes, "block_hashes")?;
+        let tail = list_bytes(&list, buf.len() * blocks_per_chunk, "block_hashes")?;
         buf.extend_chunk_keys(&tail, blocks_per_chunk, group_idx)
             .map_err(to_py)
     }
