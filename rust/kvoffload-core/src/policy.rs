@@ -185,6 +185,13 @@ impl Policy {
         self.ghosts.as_ref().map_or(0.0, |g| g.target_t1)
     }
 
+    /// Starts loading what `insert` will read for this fingerprint.
+    pub(crate) fn prefetch(&self, fingerprint: u64) {
+        if let Some(g) = &self.ghosts {
+            g.table.prefetch(fingerprint & !1);
+        }
+    }
+
     pub(crate) fn heap_bytes(&self) -> usize {
         self.ghosts.as_ref().map_or(0, Ghosts::heap_bytes)
     }
@@ -282,11 +289,10 @@ impl Ghosts {
         self.free.push(g);
     }
 
+    /// Remembers an evicted key. It cannot be a ghost already: its ghost, if any, was consumed
+    /// when it was inserted (a fingerprint collision would only leave a harmless duplicate).
     fn add(&mut self, list: u8, fp: u64, t1_len: u32) {
         let fp = fp & !1;
-        if let Some(g) = self.find(fp) {
-            self.drop_ghost(g);
-        }
         if self.lists[0].len + self.lists[1].len >= self.capacity {
             // Classic ARC bound: keep |T1| + |B1| within capacity, otherwise trim B2 first.
             let trim_b1 = self.lists[1].len == 0

@@ -283,13 +283,14 @@ impl Store {
     /// Takes the slot out of the policy, the index and the counters, and frees it. Returns the key.
     fn release_slot(&mut self, slot: u32) -> InlineKey {
         self.policy.remove(&mut self.entries, slot);
-        self.unindex_and_free(slot)
+        let hash = hash_key(self.entries[slot as usize].key.as_slice());
+        self.unindex_and_free(slot, hash)
     }
 
-    /// The part of freeing a slot after the policy has let go of it.
-    fn unindex_and_free(&mut self, slot: u32) -> InlineKey {
+    /// The part of freeing a slot (its key hashing to `hash`) after the policy has let go of it.
+    fn unindex_and_free(&mut self, slot: u32, hash: u64) -> InlineKey {
         let entry = self.entries[slot as usize];
-        let removed = self.index.remove(hash_key(entry.key.as_slice()), slot);
+        let removed = self.index.remove(hash, slot);
         assert!(removed, "live slot {slot} is indexed");
         match entry.state {
             State::Pending => self.stats.pending -= 1,
@@ -345,10 +346,13 @@ impl Store {
         };
 
         let mut evicted = KeyBuf::with_capacity(victims.len(), MAX_KEY_LEN);
-        for slot in victims {
-            let fingerprint = hash_key(self.entries[slot as usize].key.as_slice());
-            self.policy.evict(&mut self.entries, slot, fingerprint);
-            let key = self.unindex_and_free(slot);
+        for (j, &slot) in victims.iter().enumerate() {
+            if let Some(&ahead) = victims.get(j + 4) {
+                prefetch(&self.entries[ahead as usize]);
+            }
+            let hash = hash_key(self.entries[slot as usize].key.as_slice());
+            self.policy.evict(&mut self.entries, slot, hash);
+            let key = self.unindex_and_free(slot, hash);
             evicted.push_unchecked(key.as_slice());
         }
         self.stats.evictions += evicted.len() as u64;
@@ -358,7 +362,10 @@ impl Store {
             slots: Vec::with_capacity(new.len()),
             evicted,
         };
-        for (i, hash) in new {
+        for (j, &(i, hash)) in new.iter().enumerate() {
+            if let Some(&(_, ahead)) = new.get(j + 8) {
+                self.policy.prefetch(ahead);
+            }
             let slot = if self.next_fresh < self.num_slots() {
                 self.next_fresh += 1;
                 self.next_fresh - 1
