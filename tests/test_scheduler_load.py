@@ -179,3 +179,38 @@ def test_arc_counts_loads_as_reuse_but_not_the_finish_refresh():
     # Loaded by the second request: a real reuse, so ARC's frequent list; its own new chunk 3
     # stays in the recent list. Earlier chunks of a prefix end up most recent.
     assert store.recency_order() == [[keys[3]], keys[2::-1]]
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda s: s.lookup("r", -1, 52, []), "num_local_tokens=-1 is invalid"),
+        (lambda s: s.lookup("r", 0, True, []), "num_tokens=True is invalid"),
+        (lambda s: s.on_allocated("r", [], -5), "num_external_tokens=-5 is invalid"),
+        (lambda s: s.plan_step([RequestUpdate("r", -1, 1)]), "num_computed_tokens=-1"),
+        (lambda s: s.lookup("nope", 0, 1, []), "request_id='nope' is not tracked"),
+        (lambda s: s.complete_job(99, True), "job_id=99 is not in flight"),
+        (lambda s: s.add_request("r", 1), "request_id='r' is already tracked"),
+        (lambda s: s.add_request("q", "12"), "num_prompt_tokens='12' is invalid"),
+    ],
+)
+def test_bad_arguments_name_the_parameter(call, match):
+    sched, store = make_scheduler()
+    sched.add_request("r", 52)
+    before = store.stats()
+    with pytest.raises(ValueError, match=match):
+        call(sched)
+    assert store.stats() == before
+
+
+def test_a_bad_update_in_a_batch_plans_nothing():
+    sched, store = make_scheduler()
+    for rid in ("a", "b"):
+        sched.add_request(rid, 36)
+        sched.lookup(rid, 0, 36, block_hashes(FIRST[:36]))
+        sched.on_allocated(rid, list(range(9)))
+    good = RequestUpdate("a", 36, 37, (), block_hashes(FIRST[:37]))
+    with pytest.raises(ValueError, match="num_computed_tokens=-3"):
+        sched.plan_step([good, RequestUpdate("b", -3, 37)])
+    assert sched.jobs_in_flight == [] and store.stats().pending == 0
+    assert len(sched.plan_step([good]).store_jobs) == 1

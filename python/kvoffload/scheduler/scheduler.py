@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -41,6 +42,15 @@ from kvoffload.store import CpuStore, KeyList
 logger = logging.getLogger(__name__)
 
 _GROUP_IDX = 0  # one attention group is supported (OffloadConfig refuses more)
+
+
+def _count(name: str, value: int) -> int:
+    """`value` as a token count, or a ValueError naming `name`."""
+    if isinstance(value, bool) or not hasattr(value, "__index__") or operator.index(value) < 0:
+        raise ValueError(f"{name}={value!r} is invalid: expected an int >= 0")
+    return operator.index(value)
+
+
 _NO_BLOCKS: IntArray = np.empty(0, dtype=np.int64)
 
 
@@ -102,10 +112,7 @@ class OffloadScheduler:
     ) -> None:
         if request_id in self._requests:
             raise ValueError(f"request_id={request_id!r} is already tracked")
-        if type(num_prompt_tokens) is not int or num_prompt_tokens < 0:
-            raise ValueError(
-                f"num_prompt_tokens={num_prompt_tokens!r} is invalid: expected an int >= 0"
-            )
+        num_prompt_tokens = _count("num_prompt_tokens", num_prompt_tokens)
         ignored = self._stats.ignored_params
         self._requests[request_id] = _Request(
             request_id,
@@ -126,6 +133,8 @@ class OffloadScheduler:
         tier (0 or at least one chunk), or `None`: ask again next step (a needed chunk is still
         being stored, or the request still has jobs in flight from before a preemption)."""
         req = self._request(request_id)
+        num_local_tokens = _count("num_local_tokens", num_local_tokens)
+        num_tokens = _count("num_tokens", num_tokens)
         # (Re)starting at token 0: the engine hands over the whole block table in on_allocated.
         req.block_ids = []
         req.stored_chunks = 0
@@ -159,6 +168,7 @@ class OffloadScheduler:
         `num_external_tokens` from the last `lookup` (0, or all it offered). Pins the chunks and
         returns the load, if any."""
         req = self._request(request_id)
+        num_external_tokens = _count("num_external_tokens", num_external_tokens)
         req.block_ids = list(block_ids)
         planned, req.planned_load = req.planned_load, None
         if num_external_tokens == 0:
@@ -196,7 +206,10 @@ class OffloadScheduler:
         """After an engine step: the stores of every updated request, and the in-flight jobs
         that touch a GPU block the engine reallocated (flush them before the next forward)."""
         flush = self._jobs_touching(reallocated_block_ids)
-        jobs = [job for u in updates if (job := self._apply_update(u)) is not None]
+        # Every update is checked (and its keys extended) before any store is planned, so a bad
+        # update raises without leaving jobs that the caller never saw.
+        ready = [self._take_update(u) for u in updates]
+        jobs = [job for req, n in ready if (job := self._plan_store(req, n)) is not None]
         return StepPlan(jobs, flush)
 
     def preempt_request(self, request_id: str) -> list[int]:
@@ -211,7 +224,9 @@ class OffloadScheduler:
         """The request finished or was aborted. `final` reports tokens computed since the last
         `plan_step`, so their chunks are stored too. Keep its GPU blocks while `hold_blocks`."""
         req = self._request(request_id)
-        jobs = [] if final is None or (job := self._apply_update(final)) is None else [job]
+        jobs = []
+        if final is not None and (job := self._plan_store(*self._take_update(final))) is not None:
+            jobs.append(job)
         # Refresh recency once per request, in prefix order, so its head outlives its tail; not a
         # reuse (loads already counted theirs), so ARC keeps once-stored chunks in its T1.
         self.store.touch(req.keys.view(0, req.stored_chunks), reuse=False)
@@ -288,15 +303,19 @@ class OffloadScheduler:
         req.jobs.add(job_id)
         return job_id
 
-    def _apply_update(self, u: RequestUpdate) -> StoreJob | None:
+    def _take_update(self, u: RequestUpdate) -> tuple[_Request, int]:
+        """Checks `u` and records its blocks and keys; returns the request and its computed
+        tokens, ready for `_plan_store`."""
         req = self._request(u.request_id)
         if req.finished:
             raise ValueError(f"request_id={u.request_id!r} already finished")
-        req.block_ids.extend(u.new_block_ids)
+        computed = _count("num_computed_tokens", u.num_computed_tokens)
+        num_tokens = _count("num_tokens", u.num_tokens)
         if u.block_hashes is not None:
             self._extend_keys(req, u.block_hashes)
-        req.num_tokens = u.num_tokens
-        return self._plan_store(req, u.num_computed_tokens)
+        req.num_tokens = num_tokens
+        req.block_ids.extend(u.new_block_ids)
+        return req, computed
 
     def _plan_store(self, req: _Request, num_computed_tokens: int) -> StoreJob | None:
         cfg = self.config
