@@ -201,16 +201,3 @@ def test_bad_arguments_name_the_parameter(call, match):
     with pytest.raises(ValueError, match=match):
         call(sched)
     assert store.stats() == before
-
-
-def test_a_bad_update_in_a_batch_plans_nothing():
-    sched, store = make_scheduler()
-    for rid in ("a", "b"):
-        sched.add_request(rid, 36)
-        sched.lookup(rid, 0, 36, block_hashes(FIRST[:36]))
-        sched.on_allocated(rid, list(range(9)))
-    good = RequestUpdate("a", 36, 37, (), block_hashes(FIRST[:37]))
-    with pytest.raises(ValueError, match="num_computed_tokens=-3"):
-        sched.plan_step([good, RequestUpdate("b", -3, 37)])
-    assert sched.jobs_in_flight == [] and store.stats().pending == 0
-    assert len(sched.plan_step([good]).store_jobs) == 1

@@ -1,5 +1,5 @@
-"""What the scheduler hands the engine: plain data (ints, numpy arrays, bytes) that pickles to
-worker processes."""
+"""What the scheduler hands the engine: plain data (ints, numpy arrays, `KeyList`s) that pickles
+to worker processes."""
 
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ class RequestUpdate:
 class StepPlan:
     store_jobs: list[StoreJob] = field(default_factory=list)
     flush_job_ids: list[int] = field(default_factory=list)
-    """In-flight store jobs that read a GPU block the engine just reallocated: wait for them
-    before the next forward pass."""
+    """In-flight jobs (stores reading, or loads writing, a GPU block the engine just
+    reallocated): wait for them before the step's forward pass."""
 
 
 @dataclass(frozen=True)

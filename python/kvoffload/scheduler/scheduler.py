@@ -6,11 +6,12 @@ adapter translates. The call order for one request:
 1. `add_request` when it arrives (parses its `kv_transfer_params` caps);
 2. `lookup` when the engine considers scheduling it (may repeat; pins nothing);
 3. `on_allocated` with its GPU block table once scheduled → the `LoadJob`, if any;
-4. `plan_step` after every engine step → `StoreJob`s and jobs to flush;
+4. `plan_step` once each engine step is scheduled, before its forward pass → `StoreJob`s, and the
+   in-flight jobs to wait for before the forward pass overwrites a reallocated block;
 5. `complete_job` for every finished job; `preempt_request` / `finish_request` as they happen.
 
-Between `lookup` and `on_allocated` of one step, nothing may call `plan_step` (which can evict
-the chunks the lookup found).
+Between `lookup` and `on_allocated` of one step, nothing may call `plan_step` or
+`finish_request` (both can evict the chunks the lookup found to make room for stores).
 """
 
 from __future__ import annotations
@@ -42,6 +43,18 @@ from kvoffload.store import CpuStore, KeyList
 logger = logging.getLogger(__name__)
 
 _GROUP_IDX = 0  # one attention group is supported (OffloadConfig refuses more)
+
+
+def _block_ids(name: str, values: Sequence[int] | IntArray) -> IntArray:
+    """`values` as GPU block ids, or a ValueError naming `name`: every id an int >= 0."""
+    ids = np.asarray(values)
+    if ids.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu" or int(ids.min()) < 0:
+        raise ValueError(
+            f"{name}={values!r} is invalid: expected a sequence of ints >= 0 (GPU block ids)"
+        )
+    return ids.astype(np.int64, copy=False)
 
 
 def _count(name: str, value: int) -> int:
@@ -166,12 +179,18 @@ class OffloadScheduler:
     ) -> LoadJob | None:
         """The engine scheduled the request with this GPU block table and accepted
         `num_external_tokens` from the last `lookup` (0, or all it offered). Pins the chunks and
-        returns the load, if any."""
+        returns the load, if any.
+
+        Raises (changing nothing) on bad arguments, and `InvalidStateError` when a chunk the
+        lookup found was evicted since: the engine must then compute those tokens itself. That
+        cannot happen when `lookup` and `on_allocated` run in the same step, before that step's
+        `plan_step` or `finish_request` (which make room by evicting)."""
         req = self._request(request_id)
         num_external_tokens = _count("num_external_tokens", num_external_tokens)
-        req.block_ids = list(block_ids)
-        planned, req.planned_load = req.planned_load, None
+        table = _block_ids("block_ids", block_ids)
+        planned = req.planned_load
         if num_external_tokens == 0:
+            req.block_ids, req.planned_load = table.tolist(), None
             return None
         if planned is None or num_external_tokens != planned[1]:
             offered = 0 if planned is None else planned[1]
@@ -183,16 +202,17 @@ class OffloadScheduler:
         tpc, bpc = self.config.tokens_per_chunk, self.config.blocks_per_chunk
         first = num_local // tpc
         end = -(-(num_local + loadable) // tpc)
-        if end * bpc > len(req.block_ids):
+        if end * bpc > len(table):
             raise ValueError(
-                f"block_ids has {len(req.block_ids)} blocks for request {request_id!r}; "
-                f"the load needs {end * bpc}"
+                f"block_ids has {len(table)} blocks for request {request_id!r}; the load of "
+                f"{loadable} tokens needs {end * bpc}"
             )
-        keys = KeyList(req.keys.view(first, end))
-        slots = self.store.prepare_load(keys)
-        self.store.touch(keys)
         skip = (num_local - first * tpc) // self.config.tokens_per_block
-        dst = np.asarray(req.block_ids[first * bpc + skip : end * bpc], dtype=np.int64)
+        dst = table[first * bpc + skip : end * bpc]
+        keys = KeyList(req.keys.view(first, end))
+        slots = self.store.prepare_load(keys)  # pins, or raises with nothing pinned
+        self.store.touch(keys)
+        req.block_ids, req.planned_load = table.tolist(), None
         job_id = self._track("load", req, keys, dst)
         # Loaded chunks are in the CPU tier already; chunks before them are on the GPU.
         req.stored_chunks = max(req.stored_chunks, end)
@@ -203,13 +223,25 @@ class OffloadScheduler:
     def plan_step(
         self, updates: Iterable[RequestUpdate], reallocated_block_ids: Iterable[int] = ()
     ) -> StepPlan:
-        """After an engine step: the stores of every updated request, and the in-flight jobs
-        that touch a GPU block the engine reallocated (flush them before the next forward)."""
-        flush = self._jobs_touching(reallocated_block_ids)
-        # Every update is checked (and its keys extended) before any store is planned, so a bad
-        # update raises without leaving jobs that the caller never saw.
-        ready = [self._take_update(u) for u in updates]
-        jobs = [job for req, n in ready if (job := self._plan_store(req, n)) is not None]
+        """Call when the engine has scheduled a step, before its forward pass runs: `updates`
+        say what the step computes for each running request (and the blocks allocated to it in
+        this schedule), `reallocated_block_ids` every GPU block handed out in this schedule.
+        Returns the stores to submit and the in-flight jobs (stores or loads) that touch a
+        reallocated block: wait for those before the forward pass overwrites it.
+
+        The whole batch is checked before anything changes: a bad update raises and plans
+        nothing."""
+        realloc = _block_ids("reallocated_block_ids", list(reallocated_block_ids))
+        checked = [self._check_update(u) for u in updates]
+        ids = [u.request_id for u in updates]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"updates name a request twice: {sorted(ids)}")
+        flush = self._jobs_touching(realloc)
+        jobs = []
+        for req, u, computed, new_blocks in checked:
+            self._apply_update(req, u, new_blocks)
+            if (job := self._plan_store(req, computed)) is not None:
+                jobs.append(job)
         return StepPlan(jobs, flush)
 
     def preempt_request(self, request_id: str) -> list[int]:
@@ -225,8 +257,15 @@ class OffloadScheduler:
         `plan_step`, so their chunks are stored too. Keep its GPU blocks while `hold_blocks`."""
         req = self._request(request_id)
         jobs = []
-        if final is not None and (job := self._plan_store(*self._take_update(final))) is not None:
-            jobs.append(job)
+        if final is not None:
+            if final.request_id != request_id:
+                raise ValueError(
+                    f"final.request_id={final.request_id!r} is not request_id={request_id!r}"
+                )
+            req, u, computed, new_blocks = self._check_update(final)
+            self._apply_update(req, u, new_blocks)
+            if (job := self._plan_store(req, computed)) is not None:
+                jobs.append(job)
         # Refresh recency once per request, in prefix order, so its head outlives its tail; not a
         # reuse (loads already counted theirs), so ARC keeps once-stored chunks in its T1.
         self.store.touch(req.keys.view(0, req.stored_chunks), reuse=False)
@@ -303,19 +342,22 @@ class OffloadScheduler:
         req.jobs.add(job_id)
         return job_id
 
-    def _take_update(self, u: RequestUpdate) -> tuple[_Request, int]:
-        """Checks `u` and records its blocks and keys; returns the request and its computed
-        tokens, ready for `_plan_store`."""
+    def _check_update(self, u: RequestUpdate) -> tuple[_Request, RequestUpdate, int, IntArray]:
+        """Raises on a bad update. Its only change is deriving keys for new block hashes, which
+        the same hashes always give again, so a retry after an error sees the same state."""
         req = self._request(u.request_id)
         if req.finished:
             raise ValueError(f"request_id={u.request_id!r} already finished")
         computed = _count("num_computed_tokens", u.num_computed_tokens)
-        num_tokens = _count("num_tokens", u.num_tokens)
+        _count("num_tokens", u.num_tokens)
+        new_blocks = _block_ids("new_block_ids", u.new_block_ids)
         if u.block_hashes is not None:
             self._extend_keys(req, u.block_hashes)
-        req.num_tokens = num_tokens
-        req.block_ids.extend(u.new_block_ids)
-        return req, computed
+        return req, u, computed, new_blocks
+
+    def _apply_update(self, req: _Request, u: RequestUpdate, new_blocks: IntArray) -> None:
+        req.num_tokens = u.num_tokens
+        req.block_ids.extend(new_blocks.tolist())
 
     def _plan_store(self, req: _Request, num_computed_tokens: int) -> StoreJob | None:
         cfg = self.config
@@ -334,6 +376,8 @@ class OffloadScheduler:
         start = req.stored_chunks
         if n <= start:
             return None
+        # Built before the store changes anything, so nothing below can fail half-way.
+        chunks = np.asarray(req.block_ids[start * bpc : n * bpc], dtype=np.int64).reshape(-1, bpc)
         plan = self.store.prepare_store(req.keys.view(start, n))
         if plan is None:
             # The frontier stays: the same chunks are offered again next step.
@@ -342,18 +386,14 @@ class OffloadScheduler:
         req.stored_chunks = n
         if not plan.keys:
             return None
-        chunks = np.asarray(req.block_ids[start * bpc : n * bpc], dtype=np.int64).reshape(-1, bpc)
         src = chunks[plan.indices].reshape(-1)
         assert isinstance(plan.keys, KeyList)
         job_id = self._track("store", req, plan.keys, src)
         self._stats.store_jobs += 1
         return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, plan.indices + start)
 
-    def _jobs_touching(self, block_ids: Iterable[int]) -> list[int]:
-        if not self._jobs:
-            return []
-        realloc = np.fromiter(block_ids, dtype=np.int64)
-        if not realloc.size:
+    def _jobs_touching(self, realloc: IntArray) -> list[int]:
+        if not self._jobs or not realloc.size:
             return []
         return sorted(
             job_id
