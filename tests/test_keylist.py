@@ -1,4 +1,6 @@
 import pickle
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -48,7 +50,7 @@ def test_extend_chunk_keys_reads_only_new_hashes():
     assert list(keys) == [hashes[2] + bytes(4), hashes[5] + (2).to_bytes(4, "big")]
     with pytest.raises(TypeError, match=r"block_hashes\[6\] must be bytes, got int"):
         keys.extend_chunk_keys([*hashes[:6], 5, 5, 5], 3)
-    with pytest.raises(ValueError, match="block_hashes=an entry of 61 bytes at index 2"):
+    with pytest.raises(ValueError, match="block_hashes=an entry of 61 bytes at index 8"):
         keys.extend_chunk_keys([*hashes[:6], b"x", b"x", b"y" * 61], 3)
     assert len(keys) == 2  # failed calls added nothing
 
@@ -67,3 +69,24 @@ def test_store_reads_key_lists_in_place():
     store.complete_load(keys.view(3, 5))
     # Offering the whole list again writes only the three new keys.
     assert store.prepare_store(keys).keys == [bytes([i]) * 36 for i in (0, 1, 5)]
+
+
+def test_a_slow_iterable_does_not_block_readers_of_the_list():
+    # Converting the hashes runs Python code that releases the GIL; no lock may be held then.
+    keys = KeyList()
+    seen = []
+
+    def slow_hashes():
+        for i in range(3):
+            time.sleep(0.05)
+            yield bytes([i + 1]) * 32
+
+    writer = threading.Thread(target=lambda: keys.extend_chunk_keys(slow_hashes(), 1))
+    writer.start()
+    time.sleep(0.02)
+    reader = threading.Thread(target=lambda: seen.append(len(keys)))
+    reader.start()
+    writer.join(5)
+    reader.join(5)
+    assert not writer.is_alive() and not reader.is_alive()
+    assert seen in ([0], [3]) and len(keys) == 3

@@ -158,11 +158,11 @@ def test_prepare_store_filters_present_and_repeated_keys():
     assert ids(plan.keys) == [3, 4]
     assert plan.indices.tolist() == [1, 4]
     assert plan.slots.tolist() == [2, 3]
-    # The keys to write are the offered objects themselves.
+    # The keys to write come from the copy the store read, equal to what was offered.
     offered = ks(5)
     plan = s.prepare_store(offered)
     assert plan is not None
-    assert plan.keys[0] is offered[0]
+    assert plan.keys == offered
     # Nothing new: an empty plan, not a refusal.
     plan = s.prepare_store(ks(1, 2, 3))
     assert plan is not None
@@ -487,10 +487,10 @@ def test_reset_drops_ready_keys_now_and_busy_keys_when_released():
     assert (st.used_slots, st.ready, st.pending, st.pinned) == (2, 1, 1, 1)
     with pytest.raises(InvalidStateError, match=r"absent \(reset\)"):
         s.prepare_load(ks(2))
-    # A reset key that is still busy is not offered for a new store.
-    plan = s.prepare_store(ks(4, 5))
-    assert plan is not None
-    assert (ids(plan.keys), plan.slots.tolist()) == ([5], [2])
+    # An offer holding a key that reset dropped but that is still busy is refused ("cannot
+    # store now"), so the caller offers it again once the key is released.
+    assert s.prepare_store(ks(4, 5)) is None
+    assert s.stats().store_refusals == 1
 
     # The loads and stores in flight still complete, and then their keys leave.
     s.complete_load(ks(2))
@@ -499,10 +499,10 @@ def test_reset_drops_ready_keys_now_and_busy_keys_when_released():
     assert events(s) == []
     assert statuses(s, 2, 4) == [ABSENT, ABSENT]
     st = s.stats()
-    assert (st.used_slots, st.ready, st.pending, st.pinned) == (1, 0, 1, 0)
+    assert (st.used_slots, st.ready, st.pending, st.pinned) == (0, 0, 0, 0)
     assert st.stores_completed == 3 and st.stores_failed == 0
-    # Slots 1 and 3 were freed last (2's load, then 4's store): 3 is reused first.
-    assert store(s, 6, 7, 8).slots.tolist() == [3, 1, 0]
+    # Reset freed slots 0 and 2, then 2's load freed 1 and 4's store 3: last freed first.
+    assert store(s, 4, 5, 6).slots.tolist() == [3, 1, 2]
 
 
 def test_reset_forgets_arc_history():

@@ -67,7 +67,9 @@ class Model:
             indices.append(i)
         need = len(new) - (self.n - self.next_fresh) - len(self.free)
         candidates = [k for k in self.order if self.evictable(k) and k not in keys]
-        if need > len(candidates):
+        # A key dropped by reset but still busy blocks the whole offer.
+        blocked = any(key in self.entries and self.entries[key].doomed for key in keys)
+        if blocked or need > len(candidates):
             self.counters["store_refusals"] += 1
             return None
         need = max(need, 0)

@@ -45,8 +45,8 @@ class PrefixLookup(NamedTuple):
 @dataclass(frozen=True)
 class StorePlan:
     """What `prepare_store` accepted: write `keys[i]` (at position `indices[i]` of the offer) to
-    `slots[i]`, then call `complete_store(keys)`. `keys` are the offered objects themselves, or a
-    new `KeyList` when a `KeyList` (or a view) was offered. `evicted` left the store to make room,
+    `slots[i]`, then call `complete_store(keys)`. `keys` is a list of `bytes`, or a `KeyList` when a
+    `KeyList` (or a view) was offered. `evicted` left the store to make room,
     oldest first."""
 
     keys: list[bytes] | KeyList

@@ -126,7 +126,8 @@ impl KeyBuf {
         group_idx: u32,
     ) -> Result<usize> {
         let before = self.len();
-        append_chunk_keys(self, new_hashes, blocks_per_chunk, group_idx, 0)?;
+        let first_block = before * blocks_per_chunk;
+        append_chunk_keys(self, new_hashes, blocks_per_chunk, group_idx, first_block)?;
         Ok(self.len() - before)
     }
 }

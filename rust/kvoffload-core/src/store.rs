@@ -315,6 +315,7 @@ impl Store {
         let mut new: Vec<(u32, u64)> = Vec::with_capacity(keys.len());
         let mut seen = Index::with_capacity(keys.len(), 0.5);
         let mut protected: Vec<u32> = Vec::new();
+        let mut blocked_by_reset = false;
         for (i, (hash, slot)) in found.into_iter().enumerate() {
             if let Some(slot) = slot {
                 let e = &mut self.entries[slot as usize];
@@ -322,6 +323,9 @@ impl Store {
                     e.flags |= PROTECTED;
                     protected.push(slot);
                 }
+                // Dropped by `reset` but still pending or pinned: it answers absent, yet cannot be
+                // stored again until released. Refusing keeps the caller's frontier before it.
+                blocked_by_reset |= !e.live();
                 continue;
             }
             let key = keys[i].as_ref();
@@ -334,9 +338,12 @@ impl Store {
             }
         }
         let need = new.len().saturating_sub(self.free_slots());
-        let victims = self
-            .policy
-            .select_victims(&self.entries, need, |s| self.evictable(s));
+        let victims = if blocked_by_reset {
+            None
+        } else {
+            self.policy
+                .select_victims(&self.entries, need, |s| self.evictable(s))
+        };
         for &slot in &protected {
             self.entries[slot as usize].flags &= !PROTECTED;
         }

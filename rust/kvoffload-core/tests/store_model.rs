@@ -235,7 +235,11 @@ impl Model {
             .copied()
             .filter(|&k| self.evictable(k) && !offered.contains(&k))
             .collect();
-        if candidates.len() < need {
+        // A key dropped by reset but not yet released blocks the whole offer.
+        let blocked = ids
+            .iter()
+            .any(|k| self.entries.get(k).is_some_and(|e| e.doomed));
+        if blocked || candidates.len() < need {
             self.refusals += 1;
             return None;
         }

@@ -38,9 +38,10 @@ fn as_list<'py>(items: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, Py
 /// errors. A batch of thousands of keys crosses here on every call, so this reads the items
 /// through the C API directly: no reference counting and no owned handle per item.
 ///
-/// The slices point into the list's bytes objects: use them before any Python code can run
-/// (which could change the list); the callers copy them out at once.
-fn list_bytes<'a>(
+/// # Safety
+/// The slices point into the list's bytes objects: the caller must be done with them before any
+/// Python code can run (which could change the list and free those objects).
+unsafe fn list_bytes<'a>(
     list: &'a Bound<'_, PyList>,
     start: usize,
     what: &str,
@@ -77,7 +78,8 @@ fn list_bytes<'a>(
 
 fn copy_keys(items: &Bound<'_, PyAny>) -> PyResult<KeyBuf> {
     let list = as_list(items, "keys")?;
-    let slices = list_bytes(&list, 0, "keys")?;
+    // SAFETY: the slices are copied out before any Python code can run.
+    let slices = unsafe { list_bytes(&list, 0, "keys")? };
     KeyBuf::from_keys(&slices).map_err(to_py)
 }
 
@@ -143,32 +145,21 @@ impl<'py> KeyArg<'py> {
     }
 
     /// The keys at `indices` of this argument, as the same kind of container it came in as.
-    pub(crate) fn select(
-        &self,
-        py: Python<'py>,
-        original: &Bound<'py, PyAny>,
-        indices: &[u32],
-    ) -> PyResult<Bound<'py, PyAny>> {
+    pub(crate) fn select(&self, py: Python<'py>, indices: &[u32]) -> PyResult<Bound<'py, PyAny>> {
         match self {
             KeyArg::Shared { list, start, .. } => {
                 let picked = list.get().read()?.gather(*start, indices);
                 Ok(Bound::new(py, KeyList::from_buf(picked))?.into_any())
             }
-            KeyArg::Copied(buf) => {
-                let out = PyList::empty(py);
-                let as_list = original.cast::<PyList>().ok();
-                for &i in indices {
-                    match as_list {
-                        // The offered objects themselves: no new bytes objects.
-                        Some(l) => out.append(l.get_item(i as usize)?)?,
-                        None => out.append(PyBytes::new(
-                            py,
-                            buf.get(i as usize).expect("index in range"),
-                        ))?,
-                    }
-                }
-                Ok(out.into_any())
-            }
+            // From the copy the store saw, not the caller's list, which another thread may have
+            // changed while the GIL was released.
+            KeyArg::Copied(buf) => Ok(bytes_list(
+                py,
+                indices
+                    .iter()
+                    .map(|&i| buf.get(i as usize).expect("index in range")),
+            )?
+            .into_any()),
         }
     }
 }
@@ -193,19 +184,16 @@ impl KeyList {
             .map_err(|_| KVOffloadError::new_err("KeyList is unusable after a panic"))
     }
 
+    /// Keys `start..end` as new bytes objects. They are made after the lock is released:
+    /// allocating Python objects can run arbitrary Python code (garbage collection).
     fn range_list<'py>(
         &self,
         py: Python<'py>,
         start: usize,
         end: usize,
     ) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(
-            py,
-            self.read()?
-                .slices(start, end)
-                .into_iter()
-                .map(|k| PyBytes::new(py, k)),
-        )
+        let copy = KeyBuf::from_keys(&self.read()?.slices(start, end)).map_err(to_py)?;
+        bytes_list(py, copy.iter())
     }
 
     fn write(&self) -> PyResult<RwLockWriteGuard<'_, KeyBuf>> {
@@ -230,29 +218,30 @@ impl KeyList {
     }
 
     fn __getitem__<'py>(&self, py: Python<'py>, index: isize) -> PyResult<Bound<'py, PyBytes>> {
-        let buf = self.read()?;
-        let i = if index < 0 {
-            index + buf.len() as isize
-        } else {
-            index
+        let (key, len) = {
+            let buf = self.read()?;
+            let i = if index < 0 {
+                index + buf.len() as isize
+            } else {
+                index
+            };
+            (
+                usize::try_from(i)
+                    .ok()
+                    .and_then(|i| buf.get(i))
+                    .map(<[u8]>::to_vec),
+                buf.len(),
+            )
         };
-        let key = usize::try_from(i).ok().and_then(|i| buf.get(i));
-        key.map(|k| PyBytes::new(py, k)).ok_or_else(|| {
+        key.map(|k| PyBytes::new(py, &k)).ok_or_else(|| {
             PyIndexError::new_err(format!(
-                "KeyList index {index} out of range for length {}",
-                buf.len()
+                "KeyList index {index} out of range for length {len}"
             ))
         })
     }
 
     fn to_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let buf = self.read()?;
-        PyList::new(
-            py,
-            buf.slices(0, buf.len())
-                .into_iter()
-                .map(|k| PyBytes::new(py, k)),
-        )
+        self.range_list(py, 0, usize::MAX)
     }
 
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -260,12 +249,15 @@ impl KeyList {
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let mine = self.read()?;
         if let Ok(other) = other.cast::<KeyList>() {
             let theirs = other.get();
-            return Ok(std::ptr::eq(self, theirs) || *mine == *theirs.read()?);
+            return Ok(std::ptr::eq(self, theirs) || *self.read()? == *theirs.read()?);
         }
-        Ok(copy_keys(other).is_ok_and(|theirs| *mine == theirs))
+        // Converting `other` can run Python code: never while holding the lock.
+        match copy_keys(other) {
+            Ok(theirs) => Ok(*self.read()? == theirs),
+            Err(_) => Ok(false),
+        }
     }
 
     fn __repr__(&self) -> PyResult<String> {
@@ -280,8 +272,13 @@ impl KeyList {
     }
 
     /// A view of keys `start..end` that store calls accept without copying.
-    fn view(slf: &Bound<'_, Self>, start: usize, end: usize) -> PyResult<KeyRange> {
+    fn view(slf: &Bound<'_, Self>, start: isize, end: isize) -> PyResult<KeyRange> {
         let len = slf.get().read()?.len();
+        let (Ok(start), Ok(end)) = (usize::try_from(start), usize::try_from(end)) else {
+            return Err(PyValueError::new_err(format!(
+                "view({start}, {end}) is out of range: need 0 <= start <= end <= {len}"
+            )));
+        };
         if start > end || end > len {
             return Err(PyValueError::new_err(format!(
                 "view({start}, {end}) is out of range: need start <= end <= {len}"
@@ -303,9 +300,13 @@ impl KeyList {
         blocks_per_chunk: usize,
         group_idx: u32,
     ) -> PyResult<usize> {
-        let mut buf = self.write()?;
+        // Converting to a list can run Python code, so it happens before the lock is taken;
+        // from there to the end no Python code runs, so no other writer can interleave.
         let list = as_list(block_hashes, "block_hashes")?;
-        let tail = list_bytes(&list, buf.len() * blocks_per_chunk, "block_hashes")?;
+        let start = self.read()?.len() * blocks_per_chunk;
+        // SAFETY: the slices are used below, before any Python code can run.
+        let tail = unsafe { list_bytes(&list, start, "block_hashes")? };
+        let mut buf = self.write()?;
         buf.extend_chunk_keys(&tail, blocks_per_chunk, group_idx)
             .map_err(to_py)
     }

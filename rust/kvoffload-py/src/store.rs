@@ -60,8 +60,8 @@ impl Store {
     }
 
     /// `None` when the store cannot take the keys now; else `(keys_to_write, indices, slots,
-    /// evicted_keys)`: `keys_to_write` are the offered objects themselves (a `KeyList` when a
-    /// `KeyList` or view was offered), `indices` their positions in the offer and `slots` their
+    /// evicted_keys)`: `keys_to_write` is a list of bytes (a `KeyList` when a `KeyList` or
+    /// view was offered), `indices` their positions in the offer and `slots` their
     /// slots (both int64 bytes).
     #[allow(clippy::type_complexity)]
     fn prepare_store<'py>(
@@ -81,7 +81,7 @@ impl Store {
             return Ok(None);
         };
         Ok(Some((
-            arg.select(py, keys, &plan.indices)?,
+            arg.select(py, &plan.indices)?,
             int64_bytes(py, &plan.indices),
             int64_bytes(py, &plan.slots),
             bytes_list(py, plan.evicted.iter())?,
