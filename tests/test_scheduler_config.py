@@ -72,3 +72,8 @@ def test_unknown_keys_warn_once(caplog):
 def test_several_kv_groups_are_not_supported_yet():
     with pytest.raises(NotSupportedError, match="2 KV cache groups"):
         OffloadConfig.from_dict({"tokens_per_block": 16, "cpu_bytes_to_use": 1}, num_kv_groups=2)
+
+
+def test_required_fields_of_the_dataclass_refuse_none():
+    with pytest.raises(ConfigError, match="cpu_bytes_to_use is required"):
+        OffloadConfig(tokens_per_block=16, blocks_per_chunk=1, cpu_bytes_to_use=None)  # type: ignore[arg-type]

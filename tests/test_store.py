@@ -455,7 +455,7 @@ def test_invalid_state_errors_change_nothing(call, keys, message):
         s.complete_load(ks(2))
 
 
-def test_failed_complete_load_keeps_earlier_unpins():
+def test_failed_complete_load_undoes_its_earlier_unpins():
     s = CpuStore(4)
     store(s, 1, 2)
     s.prepare_load(ks(1, 2))
@@ -597,3 +597,8 @@ def test_repr():
     s = CpuStore(4, "arc")
     store(s, 1)
     assert repr(s) == "CpuStore(num_slots=4, eviction_policy='arc', ready=1, pending=0, pinned=0)"
+
+
+def test_num_slots_beyond_the_u32_slot_ids_is_named():
+    with pytest.raises(ValueError, match=r"num_slots=1180591620717411303424 is invalid"):
+        CpuStore(2**70)

@@ -18,6 +18,7 @@ import numpy.typing as npt
 from kvoffload import _rust
 
 MAX_KEY_LEN: int = _rust.MAX_KEY_LEN
+MAX_SLOTS = 2**32 - 2  # slot ids are u32 in the core, one value reserved
 POLICY_NAMES: tuple[str, ...] = tuple(_rust.POLICY_NAMES)
 
 KeyList = _rust.KeyList
@@ -113,6 +114,8 @@ class CpuStore:
             raise TypeError(
                 f"num_slots must be an int, got {type(num_slots).__name__} ({num_slots!r})"
             ) from None
+        if not 1 <= n <= MAX_SLOTS:
+            raise ValueError(f"num_slots={n} is invalid; allowed: an integer in 1..={MAX_SLOTS}")
         if not isinstance(eviction_policy, str):
             raise TypeError(
                 f"eviction_policy must be a str, one of {', '.join(POLICY_NAMES)}; "

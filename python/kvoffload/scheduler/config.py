@@ -53,7 +53,8 @@ class OffloadConfig:
 
     def __post_init__(self) -> None:
         for name in ("tokens_per_block", "blocks_per_chunk", "cpu_bytes_to_use"):
-            _int({name: getattr(self, name)}, name, 1)
+            if _int({name: getattr(self, name)}, name, 1) is None:
+                raise ConfigError(f"{name} is required: an int >= 1")
         if type(self.offload_prompt_only) is not bool:
             raise ConfigError(
                 f"offload_prompt_only={self.offload_prompt_only!r} "

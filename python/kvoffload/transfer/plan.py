@@ -114,13 +114,13 @@ def check_job(
     """Validates a job's arguments; returns slots, GPU block ids and the skip as checked values."""
     slot_ids = check_ids("slots", slots, g.num_slots, "slots")
     gpu_ids = check_ids("gpu_block_ids", gpu_block_ids, g.num_blocks, "GPU blocks")
+    bpc = g.blocks_per_chunk
     try:
         skip = operator.index(skip_leading_blocks)
     except TypeError:
         raise TypeError(
-            f"skip_leading_blocks must be an int, got {skip_leading_blocks!r}"
+            f"skip_leading_blocks must be an int in 0..{bpc - 1}, got {skip_leading_blocks!r}"
         ) from None
-    bpc = g.blocks_per_chunk
     if isinstance(skip_leading_blocks, bool) or not 0 <= skip < bpc or (skip and not len(slot_ids)):
         raise ValueError(
             f"skip_leading_blocks={skip_leading_blocks!r} is invalid; allowed: 0..{bpc - 1} "

@@ -44,7 +44,8 @@ class CpuPool:
                 raise ValueError(f"{name}={value!r} is invalid; allowed: an int >= {low}")
         if type(piece_bytes) is not int or not 0 < piece_bytes <= MAX_PIECE_BYTES:
             raise ValueError(
-                f"piece_bytes={piece_bytes!r} is invalid; allowed: an int in 1..{MAX_PIECE_BYTES}"
+                f"pin_piece_bytes={piece_bytes!r} is invalid; allowed: an int in "
+                f"1..{MAX_PIECE_BYTES}"
             )
         if slot_bytes > MAX_PIECE_BYTES:
             raise ValueError(
