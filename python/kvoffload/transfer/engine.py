@@ -6,9 +6,9 @@ import logging
 import math
 import operator
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import NamedTuple
@@ -50,7 +50,8 @@ class _Direction:
     store: bool
     stream: torch.cuda.Stream | None
     staging: torch.Tensor | None
-    """`[staging_chunks, segments, blocks_per_chunk, page_units]`, used only on `stream`."""
+    """`[staging_chunks, segments, blocks_per_chunk, page_units]`, used only on `stream`;
+    allocated when first needed."""
     queue: deque[_Job] = field(default_factory=deque)
 
 
@@ -141,6 +142,10 @@ class TransferEngine:
         ]
         self._compute_stream = compute_stream
         self._dirs = (self._new_direction(store=True), self._new_direction(store=False))
+        # Dropped without close(): copies still in flight must finish before the pool (freed
+        # after this engine) is unpinned under them.
+        streams = [d.stream for d in self._dirs if d.stream is not None]
+        self._finalizer = weakref.finalize(self, _synchronize, streams)
         self._in_flight: set[int] = set()
         self._seq = 0
         self._closed = False
@@ -149,14 +154,17 @@ class TransferEngine:
         stream = None
         if self.is_cuda:
             stream = torch.cuda.Stream(self.layout.device)  # type: ignore[no-untyped-call]
-        staging = None
-        if self.copy_path in ("auto", "batched"):
+        return _Direction(store, stream, None)
+
+    def _staging(self, d: _Direction) -> torch.Tensor:
+        """The direction's staging buffer, allocated at its first batched job (on its stream, so
+        the caching allocator orders reuse after it): an engine that never needs it, or does
+        only later, does not hold GPU memory the serving engine's own sizing did not see."""
+        if d.staging is None:
             g = self._geom
             shape = (g.staging_chunks, len(g.strides), g.blocks_per_chunk, g.page)
-            # Allocated on the copy stream, so the caching allocator orders its reuse after it.
-            with torch.cuda.stream(stream) if stream is not None else nullcontext():
-                staging = torch.empty(shape, dtype=self.layout.unit, device=self.layout.device)
-        return _Direction(store, stream, staging)
+            d.staging = torch.empty(shape, dtype=self.layout.unit, device=self.layout.device)
+        return d.staging
 
     def submit_store(
         self,
@@ -307,16 +315,16 @@ class TransferEngine:
                 dev.copy_(host, non_blocking=True)
         if not plan.batches:
             return
-        assert d.staging is not None
+        staging = self._staging(d)
         # From pinned memory, so that the upload neither blocks nor waits for the stream.
         ids = torch.tensor(plan.chunk_gpu_ids, pin_memory=self.is_cuda)
         if self.is_cuda:
             ids = ids.to(self.layout.device, non_blocking=True)
-        flat = d.staging.view(-1)
+        flat = staging.view(-1)
         slot = self._geom.slot
         for batch in plan.batches:
             index = ids[batch.first : batch.first + batch.count]
-            chunks = d.staging[: batch.count]
+            chunks = staging[: batch.count]
             if d.store:
                 for k, seg in enumerate(self.layout.segments):
                     chunks[:, k] = seg[index]
@@ -348,3 +356,8 @@ class TransferEngine:
             f"TransferEngine({self.layout!r}, {self.pool!r}, blocks_per_chunk="
             f"{self.blocks_per_chunk}, copy_path={self.copy_path!r})"
         )
+
+
+def _synchronize(streams: list[torch.cuda.Stream]) -> None:
+    for stream in streams:
+        stream.synchronize()
