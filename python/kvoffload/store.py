@@ -43,8 +43,7 @@ class PrefixLookup(NamedTuple):
     pending: bool
 
 
-@dataclass(frozen=True)
-class StorePlan:
+class StorePlan(NamedTuple):
     """What `prepare_store` accepted: write `keys[i]` (at position `indices[i]` of the offer) to
     `slots[i]`, then call `complete_store(keys)`. `keys` is a list of `bytes`, or a `KeyList` when a
     `KeyList` (or a view) was offered. `evicted` left the store to make room,
@@ -85,8 +84,13 @@ class StoreStats:
 _STATS_FIELDS = tuple(f.name for f in fields(StoreStats))
 
 
+# dtype objects, not classes: np.frombuffer resolves a class on every call (half its cost here).
+_INT64 = np.dtype(np.int64)
+_UINT8 = np.dtype(np.uint8)
+
+
 def _int64s(raw: bytes) -> npt.NDArray[np.int64]:
-    return np.frombuffer(raw, dtype=np.int64)
+    return np.frombuffer(raw, dtype=_INT64)
 
 
 class CpuStore:
@@ -157,7 +161,7 @@ class CpuStore:
 
     def lookup(self, keys: Keys) -> npt.NDArray[np.uint8]:
         """The `KeyStatus` value of every key."""
-        return np.frombuffer(self._inner.lookup(keys), dtype=np.uint8)
+        return np.frombuffer(self._inner.lookup(keys), dtype=_UINT8)
 
     def prepare_load(self, keys: Keys) -> npt.NDArray[np.int64]:
         """Pins every key (all must be ready) for a load and returns their slots."""
