@@ -26,8 +26,8 @@ class CpuPool:
     `pin_memory=True` allocations are) and, when `pin_device` is a CUDA device, page-locked with
     `cudaHostRegister` in pieces of at most `piece_bytes` whole slots. Each piece starts on a page
     boundary so no page is registered twice; the padding is under one page per piece. A copy must
-    not span two pieces (the driver would see pageable memory), so `piece_of` tells callers where
-    runs of slots have to be split. Without `pin_device` (CPU mode) nothing is registered and no
+    not span two pieces (the driver would see pageable memory): runs of slots are split at every
+    `slots_per_piece` slots. Without `pin_device` (CPU mode) nothing is registered and no
     CUDA call is made.
     """
 
@@ -85,9 +85,6 @@ class CpuPool:
         piece, index = np.divmod(slots, self.slots_per_piece)
         offsets: npt.NDArray[np.int64] = piece * self.piece_stride + index * self.slot_bytes
         return offsets
-
-    def piece_of(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        return slots // self.slots_per_piece
 
     def slot(self, slot: int) -> torch.Tensor:
         """The bytes of one slot (a view)."""
