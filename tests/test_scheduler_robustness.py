@@ -126,3 +126,12 @@ def test_invalid_max_load_tokens_warns_once_and_counts(caplog, bad):
     assert len(msgs) == 1
     assert "req-9" in msgs[0] and repr(bad) in msgs[0] and type(bad).__name__ in msgs[0]
     assert sched.stats().ignored_params == {"max_load_tokens": 1}
+
+
+def test_updates_may_be_any_iterable():
+    sched, _ = make_scheduler()
+    scheduled(sched, "a", FIRST, 24, list(range(6)))
+    u = RequestUpdate("a", 24, 25, (), block_hashes(FIRST[:25]))
+    with pytest.raises(ValueError, match="updates name a request twice"):
+        sched.plan_step(x for x in (u, u))
+    assert len(sched.plan_step(x for x in (u,)).store_jobs) == 1

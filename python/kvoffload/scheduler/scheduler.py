@@ -21,7 +21,7 @@ import logging
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -82,6 +82,13 @@ class _Request:
     """`(num_local_tokens, loadable_tokens)` of the last lookup."""
     jobs: set[int] = field(default_factory=set)
     finished: bool = False
+
+
+class _CheckedUpdate(NamedTuple):
+    req: _Request
+    computed: int
+    num_tokens: int
+    new_blocks: IntArray
 
 
 @dataclass(frozen=True)
@@ -233,15 +240,11 @@ class OffloadScheduler:
         nothing."""
         realloc = _block_ids("reallocated_block_ids", list(reallocated_block_ids))
         checked = [self._check_update(u) for u in updates]
-        ids = [u.request_id for u in updates]
+        ids = [c.req.request_id for c in checked]
         if len(set(ids)) != len(ids):
             raise ValueError(f"updates name a request twice: {sorted(ids)}")
         flush = self._jobs_touching(realloc)
-        jobs = []
-        for req, u, computed, new_blocks in checked:
-            self._apply_update(req, u, new_blocks)
-            if (job := self._plan_store(req, computed)) is not None:
-                jobs.append(job)
+        jobs = [job for c in checked if (job := self._store_update(c)) is not None]
         return StepPlan(jobs, flush)
 
     def preempt_request(self, request_id: str) -> list[int]:
@@ -262,9 +265,7 @@ class OffloadScheduler:
                 raise ValueError(
                     f"final.request_id={final.request_id!r} is not request_id={request_id!r}"
                 )
-            req, u, computed, new_blocks = self._check_update(final)
-            self._apply_update(req, u, new_blocks)
-            if (job := self._plan_store(req, computed)) is not None:
+            if (job := self._store_update(self._check_update(final))) is not None:
                 jobs.append(job)
         # Refresh recency once per request, in prefix order, so its head outlives its tail; not a
         # reuse (loads already counted theirs), so ARC keeps once-stored chunks in its T1.
@@ -342,22 +343,24 @@ class OffloadScheduler:
         req.jobs.add(job_id)
         return job_id
 
-    def _check_update(self, u: RequestUpdate) -> tuple[_Request, RequestUpdate, int, IntArray]:
+    def _check_update(self, u: RequestUpdate) -> _CheckedUpdate:
         """Raises on a bad update. Its only change is deriving keys for new block hashes, which
         the same hashes always give again, so a retry after an error sees the same state."""
         req = self._request(u.request_id)
         if req.finished:
             raise ValueError(f"request_id={u.request_id!r} already finished")
         computed = _count("num_computed_tokens", u.num_computed_tokens)
-        _count("num_tokens", u.num_tokens)
+        num_tokens = _count("num_tokens", u.num_tokens)
         new_blocks = _block_ids("new_block_ids", u.new_block_ids)
         if u.block_hashes is not None:
             self._extend_keys(req, u.block_hashes)
-        return req, u, computed, new_blocks
+        return _CheckedUpdate(req, computed, num_tokens, new_blocks)
 
-    def _apply_update(self, req: _Request, u: RequestUpdate, new_blocks: IntArray) -> None:
-        req.num_tokens = u.num_tokens
-        req.block_ids.extend(new_blocks.tolist())
+    def _store_update(self, c: _CheckedUpdate) -> StoreJob | None:
+        """Records a checked update and plans the request's stores; cannot fail half-way."""
+        c.req.num_tokens = c.num_tokens
+        c.req.block_ids.extend(c.new_blocks.tolist())
+        return self._plan_store(c.req, c.computed)
 
     def _plan_store(self, req: _Request, num_computed_tokens: int) -> StoreJob | None:
         cfg = self.config

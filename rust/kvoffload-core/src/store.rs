@@ -190,14 +190,11 @@ impl Store {
         self.events.is_some()
     }
 
-    fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
+    /// The slot holding `key`, one probe at a time (batch calls use `scan`).
+    fn find_key(&self, key: &[u8]) -> Option<u32> {
         let entries = &self.entries;
         self.index
-            .find(hash, |s| entries[s as usize].key.as_slice() == key)
-    }
-
-    fn find_key(&self, key: &[u8]) -> Option<u32> {
-        self.find(hash_key(key), key)
+            .find(hash_key(key), |s| entries[s as usize].key.as_slice() == key)
     }
 
     /// Finds each key's slot in order and calls `visit(i, hash, slot)` until it returns false.
