@@ -140,6 +140,8 @@ pub struct Stats {
     pub stores_failed: u64,
     /// Bytes of index metadata (entries, hash table, ghost lists) per slot, key copies included.
     pub metadata_bytes_per_slot: f64,
+    /// ARC's adaptive target size for its recency list (0 under LRU).
+    pub arc_target_t1: f64,
 }
 
 pub struct Store {
@@ -632,6 +634,7 @@ impl Store {
         let mut stats = self.stats.clone();
         stats.used_slots = u64::from(self.next_fresh) - self.free.len() as u64;
         stats.metadata_bytes_per_slot = self.metadata_bytes() as f64 / f64::from(self.num_slots());
+        stats.arc_target_t1 = self.policy.target_t1();
         stats
     }
 
@@ -640,11 +643,6 @@ impl Store {
             + self.index.heap_bytes()
             + self.free.capacity() * 4
             + self.policy.heap_bytes()
-    }
-
-    /// The ARC target size for T1 (0 under LRU); exposed for tests and diagnostics.
-    pub fn arc_target_t1(&self) -> f64 {
-        self.policy.target_t1()
     }
 
     /// Checks every internal invariant; panics with a description on the first broken one.

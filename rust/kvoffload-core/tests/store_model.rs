@@ -197,7 +197,9 @@ impl Model {
         self.free.push(e.slot);
     }
 
-    fn expected_stats(&self, metadata_bytes_per_slot: f64) -> Stats {
+    /// The store's counters as the model predicts them; the metadata size and ARC's adaptive
+    /// target come from the store.
+    fn expected_stats(&self, measured: &Stats) -> Stats {
         let count = |f: &dyn Fn(&MEntry) -> bool| self.entries.values().filter(|e| f(e)).count();
         Stats {
             num_slots: self.n.into(),
@@ -211,7 +213,12 @@ impl Model {
             store_refusals: self.refusals,
             stores_completed: self.completed,
             stores_failed: self.failed,
-            metadata_bytes_per_slot,
+            metadata_bytes_per_slot: measured.metadata_bytes_per_slot,
+            arc_target_t1: if self.lru {
+                0.0
+            } else {
+                measured.arc_target_t1
+            },
         }
     }
 
@@ -667,11 +674,7 @@ fn run(policy: PolicyKind, n: u32, events_on: bool, ops: &[Op]) {
 
         let stats = store.stats();
         assert!(stats.metadata_bytes_per_slot > 0.0);
-        assert_eq!(
-            stats,
-            model.expected_stats(stats.metadata_bytes_per_slot),
-            "after {op:?}"
-        );
+        assert_eq!(stats, model.expected_stats(&stats), "after {op:?}");
 
         // Every key's answer (a lookup counts, so the model counts it too).
         assert_eq!(store.lookup(&keys(&all)).unwrap(), model.lookup(&all));

@@ -156,10 +156,7 @@ impl Store {
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (st, target) = {
-            let s = self.lock()?;
-            (s.stats(), s.arc_target_t1())
-        };
+        let st = self.lock()?.stats();
         let d = PyDict::new(py);
         d.set_item("num_slots", st.num_slots)?;
         d.set_item("used_slots", st.used_slots)?;
@@ -173,7 +170,7 @@ impl Store {
         d.set_item("stores_completed", st.stores_completed)?;
         d.set_item("stores_failed", st.stores_failed)?;
         d.set_item("metadata_bytes_per_slot", st.metadata_bytes_per_slot)?;
-        d.set_item("arc_target_t1", target)?;
+        d.set_item("arc_target_t1", st.arc_target_t1)?;
         Ok(d)
     }
 
