@@ -157,6 +157,11 @@ def test_failed_load_reports_blocks_to_recompute():
     assert store.stats().pinned == 0
     assert store.stats().ready == 3  # the CPU copy is still good
     assert sched.stats().load_failures == 1
+    # The engine restarts the request; it computes everything itself instead of looping on a
+    # copy that may keep failing. Other requests still load.
+    assert sched.lookup("second", 0, 52, block_hashes(SECOND[:52])) == 0
+    sched.add_request("third", 52)
+    assert sched.lookup("third", 0, 52, block_hashes(SECOND[:52])) == 36
 
 
 def test_finished_request_holds_blocks_until_its_stores_complete():

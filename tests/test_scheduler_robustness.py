@@ -128,6 +128,31 @@ def test_invalid_max_load_tokens_warns_once_and_counts(caplog, bad):
     assert sched.stats().ignored_params == {"max_load_tokens": 1}
 
 
+@pytest.mark.parametrize("bad", ["abc", 12, ["max_load_tokens", 1]])
+def test_kv_transfer_params_that_are_not_a_mapping_are_ignored(caplog, bad):
+    sched, _ = make_scheduler()
+    with caplog.at_level(logging.WARNING, logger="kvoffload"):
+        sched.add_request("req-3", 24, bad)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "req-3" in msgs[0] and "not a mapping" in msgs[0]
+    assert sched.stats().ignored_params == {"kv_transfer_params": 1}
+    # The request runs uncapped: its two prompt chunks are offered.
+    assert sched.lookup("req-3", 0, 24, block_hashes(FIRST[:24])) == 0
+    sched.on_allocated("req-3", list(range(6)))
+    plan = sched.plan_step([RequestUpdate("req-3", 24, 24)])
+    assert [list(j.chunk_indices) for j in plan.store_jobs] == [[0, 1]]
+
+
+def test_finish_of_a_preempted_request_holds_no_blocks():
+    sched, _ = make_scheduler()
+    scheduled(sched, "a", FIRST, 24, list(range(6)))
+    (job,) = sched.plan_step([RequestUpdate("a", 24, 25)]).store_jobs
+    assert sched.preempt_request("a") == [job.job_id]
+    fin = sched.finish_request("a")
+    assert fin.store_jobs == [] and not fin.hold_blocks
+    assert sched.complete_job(job.job_id, True).request_released
+
+
 def test_updates_may_be_any_iterable():
     sched, _ = make_scheduler()
     scheduled(sched, "a", FIRST, 24, list(range(6)))

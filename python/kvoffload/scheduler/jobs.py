@@ -3,6 +3,7 @@ to worker processes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -55,7 +56,7 @@ class RequestUpdate:
     """The request's tokens so far (prompt + output)."""
     new_block_ids: tuple[int, ...] | list[int] = ()
     """GPU blocks allocated to the request in this step, appended to its block table."""
-    block_hashes: list[bytes] | None = None
+    block_hashes: Sequence[bytes] | None = None
     """The request's block hashes so far (vLLM's `request.block_hashes`); `None`: unchanged."""
 
 
@@ -72,8 +73,9 @@ class FinishPlan:
     store_jobs: list[StoreJob]
     """The last stores of the request (tokens computed but not yet offered)."""
     hold_blocks: bool
-    """The request's GPU blocks are still read by stores: free them only once a `JobResult`
-    says `request_released`."""
+    """The request's GPU blocks are still read by stores (or written by a load): free them only
+    once a `JobResult` says `request_released`. False for a request preempted with jobs in
+    flight: it holds no blocks."""
 
 
 @dataclass(frozen=True)

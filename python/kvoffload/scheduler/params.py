@@ -11,16 +11,33 @@ logger = logging.getLogger(__name__)
 
 MAX_OFFLOAD_TOKENS = "max_offload_tokens"
 MAX_LOAD_TOKENS = "max_load_tokens"
+KV_TRANSFER_PARAMS = "kv_transfer_params"
+
+
+def checked_params(request_id: str, params: object, ignored: dict[str, int]) -> Mapping[str, Any]:
+    """`params` if it is a mapping (or empty when `None`); anything else (it comes from users
+    through the serving API) is ignored with one warning and counted under
+    `ignored["kv_transfer_params"]`."""
+    if params is None:
+        return {}
+    if isinstance(params, Mapping):
+        return params
+    logger.warning(
+        "request %s: kv_transfer_params=%r (%s) is not a mapping; ignoring it",
+        request_id,
+        params,
+        type(params).__name__,
+    )
+    ignored[KV_TRANSFER_PARAMS] = ignored.get(KV_TRANSFER_PARAMS, 0) + 1
+    return {}
 
 
 def parse_token_cap(
-    request_id: str, params: Mapping[str, Any] | None, key: str, ignored: dict[str, int]
+    request_id: str, params: Mapping[str, Any], key: str, ignored: dict[str, int]
 ) -> int | None:
     """The cap under `key`, or `None` when absent or invalid. Only `type(v) is int and v >= 0`
     is accepted (so `True`, `"8"`, `8.5` and `-1` are not); each rejection warns once and counts
     in `ignored[key]`."""
-    if not params:
-        return None
     raw = params.get(key)
     if raw is None:
         return None

@@ -36,7 +36,12 @@ from kvoffload.scheduler.jobs import (
     StepPlan,
     StoreJob,
 )
-from kvoffload.scheduler.params import MAX_LOAD_TOKENS, MAX_OFFLOAD_TOKENS, parse_token_cap
+from kvoffload.scheduler.params import (
+    MAX_LOAD_TOKENS,
+    MAX_OFFLOAD_TOKENS,
+    checked_params,
+    parse_token_cap,
+)
 from kvoffload.scheduler.stats import SchedulerStats
 from kvoffload.store import CpuStore, KeyList
 
@@ -130,10 +135,13 @@ class OffloadScheduler:
         num_prompt_tokens: int,
         kv_transfer_params: Mapping[str, Any] | None = None,
     ) -> None:
+        """Starts tracking a request. `kv_transfer_params` that are not a mapping, and invalid
+        caps in it, are ignored with one warning each and counted in `stats().ignored_params`."""
         if request_id in self._requests:
             raise ValueError(f"request_id={request_id!r} is already tracked")
         num_prompt_tokens = _count("num_prompt_tokens", num_prompt_tokens)
         ignored = self._stats.ignored_params
+        kv_transfer_params = checked_params(request_id, kv_transfer_params, ignored)
         self._requests[request_id] = _Request(
             request_id,
             num_prompt_tokens,
@@ -273,7 +281,8 @@ class OffloadScheduler:
         req.finished = True
         if not req.jobs:
             del self._requests[request_id]
-        return FinishPlan(jobs, hold_blocks=bool(req.jobs))
+        # A preempted request holds no GPU blocks: its jobs were flushed before they were reused.
+        return FinishPlan(jobs, hold_blocks=bool(req.jobs) and bool(req.block_ids))
 
     def complete_job(self, job_id: int, success: bool) -> JobResult:
         """A transfer ended. A failed store drops its chunks; a failed load reports the GPU blocks
@@ -298,8 +307,12 @@ class OffloadScheduler:
                 self._stats.bytes_loaded += n * self.bytes_per_chunk
             else:
                 self._stats.load_failures += 1
+                # The engine retries the request from scratch; a lookup would offer the same
+                # chunks again, and a copy that keeps failing would loop forever.
+                req.max_load_tokens = 0
                 logger.warning(
-                    "load job %d of request %s failed: its %d tokens' blocks are recomputed",
+                    "load job %d of request %s failed: its %d tokens' blocks are recomputed, "
+                    "and it loads nothing more",
                     job_id,
                     req.request_id,
                     len(job.gpu_block_ids) * self.config.tokens_per_block,
