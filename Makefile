@@ -7,23 +7,30 @@ PY := $(VENV)/bin/python
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
 
-.PHONY: all venv build test lint test-rust test-python bench run wheel gpu-check clean
+.PHONY: all venv build build-ext test lint test-rust test-python bench run wheel gpu-check clean
 
 all: build
 
-# Re-runs when the dev requirements change.
-$(VENV)/.deps: requirements-dev.txt
+# What building the extension needs, and all that `make run` (the simulator) installs.
+$(VENV)/.base:
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip 'maturin>=1.5,<2'
+	touch $@
+
+# Everything else `make test` needs, vLLM included, in one resolver pass (so torch is fetched
+# once, at vLLM's pin). Re-runs when the dev requirements change.
+$(VENV)/.deps: requirements-dev.txt $(VENV)/.base
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
 venv: $(VENV)/.deps
 
 # Builds the extension (cargo is incremental, so this is quick when nothing changed) and installs
-# the package in editable mode.
-build: $(VENV)/.deps
+# the package in editable mode (with numpy, its one dependency).
+build-ext: $(VENV)/.base
 	$(VENV)/bin/maturin develop --release --quiet
+
+build: $(VENV)/.deps build-ext
 
 test: build lint test-rust test-python
 
@@ -42,12 +49,11 @@ test-rust:
 test-python: build
 	$(PY) -m pytest tests benches --benchmark-disable -q
 
-# Installs the baselines the comparison needs (vLLM's own offloading manager), then measures.
+# Measures against the baselines in the same run (vLLM's own offloading code among them).
 bench: build
-	$(PY) -m pip install -q 'vllm==0.33.*' 'pytest-benchmark>=4'
 	$(PY) -m pytest benches -q --benchmark-only --benchmark-columns=min,median,rounds -p no:randomly -s
 
-run: build
+run: build-ext
 	$(VENV)/bin/kvoffload simulate
 
 # The abi3 wheel benches/gpu_check.sh installs on a GPU host (no Rust there).

@@ -1,0 +1,188 @@
+"""The connector's scheduler half: vLLM's scheduler hooks translated onto `OffloadScheduler`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_transfer.kv_connector.utils import yield_req_data
+from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
+from vllm.v1.request import RequestStatus
+
+from kvoffload.scheduler import LoadJob, OffloadScheduler, RequestUpdate, SchedulerStats, StoreJob
+from kvoffload.vllm.metadata import KVOffloadMetadata, KVOffloadWorkerMetadata
+from kvoffload.vllm.settings import ConnectorSettings
+from kvoffload.vllm.stats import KVOffloadStats, stats_delta
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+_GROUP_SUFFIX = 4  # a key is the chunk's last block hash + the 4-byte KV-group index
+
+
+class SchedulerSide:
+    def __init__(self, settings: ConnectorSettings) -> None:
+        self.settings = settings
+        self.scheduler = OffloadScheduler.create(
+            settings.config, settings.bytes_per_chunk, enable_events=settings.enable_events
+        )
+        self._requests: dict[str, Request] = {}
+        self._loading: set[str] = set()
+        """Requests with an asynchronous load in flight (vLLM itself frees their blocks)."""
+        self._reports: dict[int, tuple[int, bool]] = {}
+        """Jobs some but not all workers reported: `job_id -> (workers, all ok)`."""
+        # This step's output, handed to the workers by build_connector_meta.
+        self._loads: list[LoadJob] = []
+        self._final_stores: list[StoreJob] = []
+        self._held: list[str] = []
+        self._fresh_blocks: set[int] = set()
+        self._stats_mark = SchedulerStats()
+        logger.info(
+            "kvoffload: %d CPU-tier slots of %d tokens (%d bytes over %d workers), policy %s, "
+            "offload_prompt_only=%s",
+            settings.num_slots,
+            settings.config.tokens_per_chunk,
+            settings.bytes_per_chunk,
+            settings.world_size,
+            settings.config.eviction_policy,
+            settings.config.offload_prompt_only,
+        )
+
+    def on_new_request(self, request: Request) -> None:
+        rid = request.request_id
+        if rid not in self._requests:
+            self._requests[rid] = request
+            self.scheduler.add_request(rid, request.num_prompt_tokens, request.kv_transfer_params)
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        self.on_new_request(request)
+        hit = self.scheduler.lookup(
+            request.request_id, num_computed_tokens, request.num_tokens, request.block_hashes
+        )
+        if hit is None:
+            return None, False
+        if request.skip_reading_prefix_cache:
+            return 0, False
+        # Always asynchronous: vLLM keeps the request waiting until the load is reported, and a
+        # hit of the whole prompt is legal (vLLM then recomputes the last token).
+        return hit, hit > 0
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        group = blocks.blocks[0] if blocks.blocks else ()
+        # Blocks without a hash were just taken from the free pool: the forward pass will write
+        # them, so jobs still reading (or writing) them must be flushed first. Prefix-cache hits
+        # keep their hash and their contents.
+        self._fresh_blocks.update(b.block_id for b in group if b.block_hash is None)
+        load = self.scheduler.on_allocated(
+            request.request_id, [b.block_id for b in group], num_external_tokens
+        )
+        if load is not None:
+            self._loads.append(load)
+            self._loading.add(request.request_id)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVOffloadMetadata:
+        flush: set[int] = set()
+        for rid in scheduler_output.preempted_req_ids or ():
+            if self.scheduler.has_request(rid):
+                flush.update(self.scheduler.preempt_request(rid))
+        updates = []
+        fresh = self._fresh_blocks
+        for rid, groups, full_table in yield_req_data(scheduler_output):
+            request = self._requests[rid]
+            # New and resumed requests handed over their whole table in update_state_after_alloc.
+            new_blocks = groups[0] if groups and not full_table else []
+            fresh.update(new_blocks)
+            computed = request.num_computed_tokens + scheduler_output.num_scheduled_tokens[rid]
+            updates.append(
+                RequestUpdate(rid, computed, request.num_tokens, new_blocks, request.block_hashes)
+            )
+        plan = self.scheduler.plan_step(updates, fresh)
+        flush.update(plan.flush_job_ids)
+        meta = KVOffloadMetadata(
+            loads=self._loads,
+            stores=self._final_stores + plan.store_jobs,
+            flush_job_ids=sorted(flush),
+            held_request_ids=self._held,
+        )
+        self._loads, self._final_stores, self._held = [], [], []
+        self._fresh_blocks = set()
+        return meta
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        meta = output.kv_connector_worker_meta
+        if not isinstance(meta, KVOffloadWorkerMetadata):
+            return
+        for job_id, (count, ok) in meta.results.items():
+            seen, all_ok = self._reports.pop(job_id, (0, True))
+            seen, all_ok = seen + count, all_ok and ok
+            if seen < self.settings.world_size:
+                self._reports[job_id] = (seen, all_ok)
+                continue
+            result = self.scheduler.complete_job(job_id, all_ok)
+            if result.kind == "load":
+                self._loading.discard(result.request_id)
+
+    def request_finished(self, request: Request) -> bool:
+        """Whether vLLM must keep the request's GPU blocks until the workers report it in
+        `finished_sending` (its stores still read them)."""
+        rid = request.request_id
+        self._requests.pop(rid, None)
+        if not self.scheduler.has_request(rid):
+            return False
+        if request.status == RequestStatus.FINISHED_ABORTED:
+            computed = request.num_computed_tokens
+        else:
+            # The last sampled token never had its KV computed.
+            last = max(request.num_prompt_tokens, request.num_tokens - 1)
+            computed = min(request.num_computed_tokens, last)
+        final = RequestUpdate(rid, computed, request.num_tokens, block_hashes=request.block_hashes)
+        plan = self.scheduler.finish_request(rid, final)
+        self._final_stores.extend(plan.store_jobs)
+        # A request still loading is waiting for its KV: vLLM holds its blocks until the load is
+        # reported in finished_recving, and would free them twice if we held them too.
+        hold = plan.hold_blocks and rid not in self._loading
+        if hold:
+            self._held.append(rid)
+        return hold
+
+    def take_events(self) -> Iterator[KVCacheEvent]:
+        for event in self.scheduler.store.take_events():
+            hashes = [maybe_convert_block_hash(BlockHash(k[:-_GROUP_SUFFIX])) for k in event.keys]
+            if event.kind == "stored":
+                yield BlockStored(
+                    block_hashes=hashes,
+                    parent_block_hash=None,
+                    token_ids=[],
+                    block_size=0,
+                    lora_id=None,
+                    medium="CPU",
+                    lora_name=None,
+                    group_idx=0,
+                )
+            else:
+                yield BlockRemoved(block_hashes=hashes, medium="CPU", group_idx=0)
+
+    def get_stats(self) -> KVOffloadStats | None:
+        now = self.scheduler.stats()
+        delta = stats_delta(now, self._stats_mark)
+        self._stats_mark = now
+        stats = KVOffloadStats(data=delta)
+        return None if stats.is_empty() else stats
+
+    def reset_cache(self) -> bool:
+        self.scheduler.store.reset()
+        return True
+
+    def has_pending_push_work(self) -> bool:
+        return bool(self.scheduler.jobs_in_flight)

@@ -1,0 +1,87 @@
+"""The connector's counters as vLLM `KVConnectorStats` (logged by vLLM's stat loggers) and as
+Prometheus counters (`vllm:kvoffload_*`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
+
+from kvoffload.scheduler import SchedulerStats
+
+# Prometheus name suffix and help text for each counter that is exported.
+_COUNTERS: dict[str, str] = {
+    "lookups": "Prefix lookups that reached the CPU tier",
+    "hit_tokens": "Tokens loaded from the CPU tier instead of recomputed",
+    "chunks_loaded": "Chunks copied CPU -> GPU",
+    "bytes_loaded": "Bytes copied CPU -> GPU (all workers)",
+    "load_failures": "Load jobs that failed (their tokens were recomputed)",
+    "chunks_stored": "Chunks copied GPU -> CPU",
+    "bytes_stored": "Bytes copied GPU -> CPU (all workers)",
+    "store_failures": "Store jobs that failed (their chunks were dropped)",
+    "store_refusals": "Store offers the full CPU tier could not take (retried next step)",
+    "ignored_params": "Invalid per-request kv_transfer_params values that were ignored",
+}
+
+
+def stats_delta(now: SchedulerStats, before: SchedulerStats) -> dict[str, int]:
+    """Counter increments from `before` to `now`; `ignored_params` summed over its keys."""
+    out: dict[str, int] = {}
+    for f in fields(SchedulerStats):
+        a, b = getattr(now, f.name), getattr(before, f.name)
+        if isinstance(a, dict):
+            out[f.name] = sum(a.values()) - sum(b.values())
+        else:
+            out[f.name] = a - b
+    return out
+
+
+@dataclass
+class KVOffloadStats(KVConnectorStats):
+    """`data` maps a `SchedulerStats` counter name to its increment over the interval."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVOffloadStats:
+        for key, value in other.data.items():
+            self.data[key] = self.data.get(key, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+class KVOffloadPromMetrics(KVConnectorPromMetrics):
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters: dict[str, dict[int, Any]] = {}
+        for name, doc in _COUNTERS.items():
+            metric = self._counter_cls(
+                name=f"vllm:kvoffload_{name}", documentation=doc, labelnames=labelnames
+            )
+            self._counters[name] = {
+                engine: metric.labels(*values) for engine, values in per_engine_labelvalues.items()
+            }
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for name, value in transfer_stats_data.items():
+            per_engine = self._counters.get(name)
+            if per_engine is not None and value:
+                per_engine[engine_idx].inc(value)

@@ -1,0 +1,133 @@
+"""The connector's worker half: the scheduler's jobs run on a `TransferEngine` over the KV caches
+vLLM registers; results go back through the worker metadata and vLLM's finished sets."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from kvoffload.scheduler import LoadJob, StoreJob
+from kvoffload.transfer import TransferEngine
+from kvoffload.vllm.metadata import KVOffloadMetadata, KVOffloadWorkerMetadata
+from kvoffload.vllm.settings import ConnectorSettings
+
+logger = logging.getLogger(__name__)
+
+
+def block_dim_of(tensor: torch.Tensor, num_blocks: int) -> int:
+    """The dimension of a per-layer KV tensor that indexes GPU blocks: 0 for vLLM's standard
+    `[num_blocks, ...]` layouts, 1 for the older `[2, num_blocks, ...]`."""
+    for dim in (0, 1):
+        if tensor.dim() > dim and tensor.shape[dim] == num_blocks:
+            return dim
+    raise ValueError(
+        f"a KV cache tensor of shape {tuple(tensor.shape)} has no dimension of num_blocks="
+        f"{num_blocks} at 0 or 1; kvoffload cannot tell its block layout"
+    )
+
+
+class WorkerSide:
+    def __init__(self, settings: ConnectorSettings) -> None:
+        self.settings = settings
+        self.engine: TransferEngine | None = None
+        self._jobs: dict[int, LoadJob | StoreJob] = {}
+        self._held: set[str] = set()
+        self._results: dict[int, tuple[int, bool]] = {}
+        self._recving: set[str] = set()
+        self._load_errors: set[int] = set()
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
+        # Layers that share one tensor (KV sharing) are copied once.
+        unique: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name, tensor in kv_caches.items():
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                unique[name] = tensor
+        first = next(iter(unique.values()))
+        self.engine = TransferEngine(
+            unique,
+            num_slots=self.settings.num_slots,
+            blocks_per_chunk=self.settings.config.blocks_per_chunk,
+            block_dim=block_dim_of(first, num_blocks),
+        )
+        if self.engine.layout.block_bytes != self.settings.worker_block_bytes:
+            logger.warning(
+                "kvoffload: the registered KV caches hold %d bytes per GPU block, vLLM's config "
+                "says %d; the CPU pool is sized from the caches (%d slots of %d bytes)",
+                self.engine.layout.block_bytes,
+                self.settings.worker_block_bytes,
+                self.settings.num_slots,
+                self.engine.chunk_bytes,
+            )
+
+    def handle_preemptions(self, meta: KVOffloadMetadata) -> None:
+        # The first hook of every step: held requests are known before this step's results.
+        self._held.update(meta.held_request_ids)
+        if meta.flush_job_ids:
+            self._engine().wait(meta.flush_job_ids)
+
+    def start_loads(self, meta: KVOffloadMetadata) -> None:
+        for job in meta.loads:
+            self._submit(job)
+
+    def start_stores(self, meta: KVOffloadMetadata) -> None:
+        # Each store waits on the compute stream, so it reads only KV the forward pass wrote.
+        for job in meta.stores:
+            self._submit(job)
+
+    def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
+        for result in self._engine().get_finished():
+            self._record(self._jobs.pop(result.job_id), result.success)
+        busy = {job.request_id for job in self._jobs.values()}
+        sending = {rid for rid in self._held if rid not in busy}
+        self._held -= sending
+        recving, self._recving = self._recving, set()
+        return sending or None, recving or None
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def take_worker_meta(self) -> KVOffloadWorkerMetadata | None:
+        if not self._results:
+            return None
+        meta = KVOffloadWorkerMetadata(self._results)
+        self._results = {}
+        return meta
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+    def _engine(self) -> TransferEngine:
+        if self.engine is None:
+            raise RuntimeError("kvoffload: register_kv_caches has not been called on this worker")
+        return self.engine
+
+    def _submit(self, job: LoadJob | StoreJob) -> None:
+        engine = self._engine()
+        try:
+            if isinstance(job, LoadJob):
+                engine.submit_load(
+                    job.job_id, job.slots, job.gpu_block_ids, job.skip_leading_blocks
+                )
+            else:
+                engine.submit_store(job.job_id, job.gpu_block_ids, job.slots)
+        except Exception:
+            # Reported as failed with the next results: a store is dropped, a load recomputed.
+            logger.exception(
+                "kvoffload: job %d of request %s was refused", job.job_id, job.request_id
+            )
+            self._record(job, ok=False)
+            return
+        self._jobs[job.job_id] = job
+
+    def _record(self, job: LoadJob | StoreJob, ok: bool) -> None:
+        self._results[job.job_id] = (1, ok)
+        if isinstance(job, LoadJob):
+            self._recving.add(job.request_id)
+            if not ok:
+                self._load_errors.update(np.asarray(job.gpu_block_ids).tolist())

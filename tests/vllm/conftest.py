@@ -1,0 +1,31 @@
+"""The vLLM-driven tests. They need vLLM 0.33 (`make test` installs it); without it they skip,
+except under CI=true, where a missing vLLM is an error."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+try:
+    import vllm.config  # noqa: F401
+except ImportError:
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        raise
+    collect_ignore_glob = ["test_*.py"]
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from rig import write_model_dir
+
+    return write_model_dir(str(tmp_path_factory.mktemp("tiny_llama")))
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def is_async(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)

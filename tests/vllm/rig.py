@@ -1,0 +1,419 @@
+"""vLLM 0.33's real `Scheduler` / `AsyncScheduler` with a connector, driven offline on the CPU.
+
+The scheduler half is built by vLLM's scheduler, the worker half by vLLM's connector factory over
+CPU tensors standing in for the GPU KV cache. A fake model runner calls the worker hooks in the
+model runner's per-step order, and its forward pass writes into every layer, for each computed
+position, values derived from that position's token prefix. Before each forward pass it checks,
+byte for byte, every position the request claims to have (local prefix, loaded or computed
+earlier): a wrong or missing load fails the step.
+
+GPU block size 4 tokens, 12-token chunks (3 blocks), 2 layers; block ids are vLLM's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVEventsConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+    set_current_vllm_config,
+)
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheTensor,
+)
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from vllm import SamplingParams
+
+TPB = 4  # tokens per GPU block
+BPC = 3  # GPU blocks per chunk
+TPC = TPB * BPC
+NUM_LAYERS = 2
+NUM_KV_HEADS = 2
+HEAD_SIZE = 8
+EOS = 999
+LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
+# One GPU block, all layers: K and V, 4 tokens, 2 heads of 8 fp16 values.
+BLOCK_BYTES = 2 * TPB * NUM_KV_HEADS * HEAD_SIZE * 2 * NUM_LAYERS
+
+init_none_hash(sha256)
+
+
+def write_model_dir(path: str) -> str:
+    """A model directory holding only a tiny Llama config.json (no weights, no tokenizer)."""
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": NUM_KV_HEADS * HEAD_SIZE,
+        "intermediate_size": 32,
+        "num_hidden_layers": NUM_LAYERS,
+        "num_attention_heads": NUM_KV_HEADS,
+        "num_key_value_heads": NUM_KV_HEADS,
+        "vocab_size": 1000,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "torch_dtype": "float16",
+        "bos_token_id": 1,
+        "eos_token_id": EOS,
+    }
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return path
+
+
+def next_token(prefix: list[int]) -> int:
+    """The fake model's greedy choice: a function of the prefix, so equal prefixes continue
+    equally."""
+    return (prefix[-1] * 7 + len(prefix) * 13) % 900 + 10
+
+
+def kv_value(prefix_hash: int, layer: int) -> int:
+    return (prefix_hash + layer * 7919) % 30011
+
+
+def prefix_hashes(tokens: list[int]) -> list[int]:
+    out, h = [], 17
+    for t in tokens:
+        h = (h * 1_000_003 + t + 1) % (1 << 61)
+        out.append(h)
+    return out
+
+
+@dataclass
+class StoreRecord:
+    step: int
+    request_id: str
+    job_id: int
+    block_offsets: list[int]
+    """Positions of the job's GPU blocks in the request's block table."""
+
+
+@dataclass
+class Rig:
+    scheduler: Scheduler
+    worker: Any
+    kv_caches: dict[str, torch.Tensor]
+    vllm_config: VllmConfig
+    is_async: bool
+    tpb: int = TPB
+    verify: bool = True
+    """Write and check KV for every position (off only in benchmarks, where it dominates)."""
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    step: int = 0
+    stores: list[StoreRecord] = field(default_factory=list)
+    loads: list[Any] = field(default_factory=list)
+    metas: list[Any] = field(default_factory=list)
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+    external_hits: dict[str, int] = field(default_factory=dict)
+    """Tokens vLLM reports as loaded by the connector, per request (its prefill stats)."""
+    finished_sending: list[tuple[int, set[str]]] = field(default_factory=list)
+    scheduled: list[dict[str, int]] = field(default_factory=list)
+    checked_positions: dict[str, int] = field(default_factory=dict)
+    before_worker: Callable[[Rig, SchedulerOutput], None] | None = None
+    _pending: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def add(
+        self, rid: str, prompt: list[int], max_tokens: int, params: Any = None, **sp: Any
+    ) -> Request:
+        extra = None if params is None else {"kv_transfer_params": params}
+        sampling = SamplingParams(max_tokens=max_tokens, extra_args=extra, ignore_eos=True, **sp)
+        sampling.update_from_generation_config({}, EOS)
+        request = Request(
+            request_id=rid,
+            prompt_token_ids=list(prompt),
+            sampling_params=sampling,
+            pooling_params=None,
+            block_hasher=get_request_block_hasher(self.tpb, sha256),
+        )
+        self.tokens[rid] = list(prompt)
+        self.outputs[rid] = []
+        self.scheduler.add_request(request)
+        return request
+
+    def run(self, max_steps: int = 200) -> None:
+        """Steps until nothing is left to do (async: one step's output applied late)."""
+        for _ in range(max_steps):
+            if not self.scheduler.has_requests():
+                if self._pending is None:
+                    return
+                self._apply(*self._pending)
+                self._pending = None
+                continue
+            so = self.scheduler.schedule()
+            mro = self._execute(so)
+            if self.is_async:
+                if self._pending is not None:
+                    self._apply(*self._pending)
+                self._pending = (so, mro)
+            else:
+                self._apply(so, mro)
+        raise AssertionError(f"still running after {max_steps} steps")
+
+    def reset_gpu_prefix_cache(self) -> None:
+        assert self.scheduler.reset_prefix_cache()
+        for t in self.kv_caches.values():
+            t.zero_()
+
+    def offsets_stored(self, rid: str) -> set[int]:
+        return {o for s in self.stores if s.request_id == rid for o in s.block_offsets}
+
+    def load_of(self, rid: str) -> Any:
+        loads = [job for job in self.loads if job.request_id == rid]
+        assert len(loads) <= 1, loads
+        return loads[0] if loads else None
+
+    @property
+    def connector(self) -> Any:
+        return self.scheduler.connector
+
+    # --- one engine step -----------------------------------------------------------------------
+
+    def _apply(self, so: SchedulerOutput, mro: ModelRunnerOutput) -> None:
+        out = self.scheduler.update_from_output(so, mro)
+        for eco in out.values():
+            for o in eco.outputs:
+                self.outputs[o.request_id].extend(o.new_token_ids)
+                if o.prefill_stats is not None:
+                    self.external_hits[o.request_id] = o.prefill_stats.num_external_cached_tokens
+
+    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self.step += 1
+        meta = so.kv_connector_metadata
+        self.metas.append(meta)
+        self._record(so, meta)
+        if self.before_worker is not None:
+            self.before_worker(self, so)
+        w = self.worker
+        w.handle_preemptions(meta)
+        w.bind_connector_metadata(meta)
+        if so.has_sync_kv_loads:
+            w.start_load_kv(None)
+        req_ids, sampled = self._forward(so)
+        if not so.has_sync_kv_loads:
+            w.start_load_kv(None)
+        w.wait_for_save()
+        results = w.get_transfer_results(so.finished_req_ids)
+        if results.finished_sending:
+            self.finished_sending.append((self.step, set(results.finished_sending)))
+        kv_out = KVConnectorOutput(
+            finished_sending=results.finished_sending or None,
+            finished_recving=results.finished_recving or None,
+            failed_recving=results.failed_recving,
+            invalid_block_ids=w.get_block_ids_with_load_errors(),
+            kv_connector_stats=w.get_kv_connector_stats(),
+            kv_connector_worker_meta=w.build_connector_worker_meta(),
+        )
+        w.clear_connector_metadata()
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            kv_connector_output=kv_out,
+        )
+
+    def _record(self, so: SchedulerOutput, meta: Any) -> None:
+        self.scheduled.append(dict(so.num_scheduled_tokens))
+        self.loads.extend(getattr(meta, "loads", ()))
+        for job in getattr(meta, "stores", ()):
+            table = self._table(job.request_id)
+            self.stores.append(
+                StoreRecord(
+                    self.step,
+                    job.request_id,
+                    job.job_id,
+                    [table.index(int(b)) for b in job.gpu_block_ids],
+                )
+            )
+
+    def _table(self, rid: str) -> list[int]:
+        return list(self.scheduler.kv_cache_manager.get_block_ids(rid)[0])
+
+    def _forward(self, so: SchedulerOutput) -> tuple[list[str], list[list[int]]]:
+        req_ids, sampled = [], []
+        for rid, n in so.num_scheduled_tokens.items():
+            request = self.scheduler.requests[rid]
+            # The scheduler has already advanced num_computed_tokens by this step's tokens.
+            start = request.num_computed_tokens - n
+            tokens = self.tokens[rid]
+            if self.verify:
+                table = self._table(rid)
+                hashes = prefix_hashes(tokens)
+                self._check(rid, table, hashes, start)
+                for pos in range(start, start + n):
+                    self._write(table, pos, hashes[pos])
+            req_ids.append(rid)
+            if start + n >= len(tokens):
+                tok = next_token(tokens)
+                tokens.append(tok)
+                sampled.append([tok])
+            else:
+                sampled.append([])
+        return req_ids, sampled
+
+    def _slot(self, t: torch.Tensor, table: list[int], pos: int) -> torch.Tensor:
+        return t[table[pos // self.tpb], :, pos % self.tpb].view(torch.int16)
+
+    def _write(self, table: list[int], pos: int, h: int) -> None:
+        for layer, t in enumerate(self.kv_caches.values()):
+            self._slot(t, table, pos).fill_(kv_value(h, layer))
+
+    def _check(self, rid: str, table: list[int], hashes: list[int], upto: int) -> None:
+        for pos in range(upto):
+            for layer, t in enumerate(self.kv_caches.values()):
+                got = self._slot(t, table, pos)
+                want = kv_value(hashes[pos], layer)
+                if not bool((got == want).all()):
+                    raise AssertionError(
+                        f"step {self.step}: request {rid} position {pos} (block "
+                        f"{table[pos // self.tpb]}) layer {layer} holds wrong KV"
+                    )
+        self.checked_positions[rid] = max(self.checked_positions.get(rid, 0), upto)
+
+
+def make_rig(
+    model_dir: str,
+    *,
+    is_async: bool = False,
+    extra: dict[str, Any] | None = None,
+    cpu_chunks: int = 64,
+    num_gpu_blocks: int = 64,
+    max_num_batched_tokens: int = 64,
+    max_num_seqs: int = 16,
+    connector: str = "kvoffload",
+    enable_events: bool = False,
+    tokens_per_block: int = TPB,
+    chunk_tokens: int = TPC,
+    verify: bool = True,
+    vllm_worker: Callable[..., Any] | None = None,
+) -> Rig:
+    """A scheduler and one worker with `connector`: "kvoffload" (ours), or "vllm" (vLLM's
+    OffloadingConnector with its CPU spec; `vllm_worker(canonical_kv_caches, spec)` stands in
+    for its CUDA-only copy worker)."""
+    tpb = tokens_per_block
+    page_bytes = 2 * tpb * NUM_KV_HEADS * HEAD_SIZE * 2
+    chunk_bytes = page_bytes * NUM_LAYERS * (chunk_tokens // tpb)
+    extra_config: dict[str, Any] = {
+        "cpu_bytes_to_use": cpu_chunks * chunk_bytes,
+        "block_size": chunk_tokens,
+    }
+    extra_config.update(extra or {})
+    if connector == "kvoffload":
+        transfer = KVTransferConfig(
+            kv_connector="KVOffloadConnector",
+            kv_connector_module_path="kvoffload.vllm",
+            kv_role="kv_both",
+            kv_connector_extra_config=extra_config,
+            kv_load_failure_policy="recompute",
+        )
+    else:
+        transfer = KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config=extra_config,
+            kv_load_failure_policy="recompute",
+        )
+    model = ModelConfig(
+        model=model_dir,
+        tokenizer=model_dir,
+        skip_tokenizer_init=True,
+        dtype="float16",
+        seed=0,
+        max_model_len=2048,
+    )
+    vllm_config = VllmConfig(
+        model_config=model,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=model.max_model_len,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+            async_scheduling=is_async,
+        ),
+        cache_config=CacheConfig(block_size=tpb, enable_prefix_caching=True),
+        kv_transfer_config=transfer,
+        kv_events_config=(
+            KVEventsConfig(enable_kv_cache_events=True, publisher="null") if enable_events else None
+        ),
+        device_config=DeviceConfig("cpu"),
+    )
+    vllm_config.scheduler_config.async_scheduling = is_async
+    vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_gpu_blocks,
+        kv_cache_tensors=[
+            KVCacheTensor(
+                size=page_bytes * num_gpu_blocks,
+                layers=[name],
+                layer_stride=page_bytes * num_gpu_blocks,
+                block_stride=page_bytes,
+            )
+            for name in LAYERS
+        ],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                list(LAYERS),
+                FullAttentionSpec(
+                    block_size=tpb,
+                    num_kv_heads=NUM_KV_HEADS,
+                    head_size=HEAD_SIZE,
+                    dtype=torch.float16,
+                ),
+            )
+        ],
+    )
+    cls = AsyncScheduler if is_async else Scheduler
+    scheduler = cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=tpb,
+        log_stats=True,
+    )
+    kv_caches = {
+        name: torch.zeros((num_gpu_blocks, 2, tpb, NUM_KV_HEADS, HEAD_SIZE), dtype=torch.float16)
+        for name in LAYERS
+    }
+    worker = KVConnectorFactory.create_connector(
+        config=vllm_config, role=KVConnectorRole.WORKER, kv_cache_config=kv_cache_config
+    )
+    if connector != "kvoffload":
+        assert vllm_worker is not None, "vLLM's own copy worker needs CUDA: pass vllm_worker"
+        spec = worker.connector_worker.spec
+        spec.get_worker = lambda canonical: vllm_worker(canonical, spec)
+    with set_current_vllm_config(vllm_config):
+        worker.register_kv_caches(kv_caches)
+    return Rig(scheduler, worker, kv_caches, vllm_config, is_async, tpb=tpb, verify=verify)
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return [(seed * 131 + i * 17) % 800 + 100 for i in range(n)]
+
+
+def all_step_ids(metas: Iterable[Any], attr: str) -> list[int]:
+    return [i for m in metas for i in getattr(m, attr)]

@@ -1,0 +1,198 @@
+"""Requests through vLLM's real scheduler when things get tight: a small CPU tier that evicts,
+stores still in flight when a request finishes or is preempted, a failed load, a reset, KV
+events."""
+
+from __future__ import annotations
+
+import pytest
+from rig import BLOCK_BYTES, BPC, make_rig, next_token, prompt
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+
+def expected_outputs(tokens: list[int], n: int) -> list[int]:
+    tokens = list(tokens)
+    for _ in range(n):
+        tokens.append(next_token(tokens))
+    return tokens[-n:]
+
+
+class Stall:
+    """Holds back the worker engine's finished results while `on` (the copies themselves are
+    synchronous on the CPU): jobs stay in flight as long as a test needs."""
+
+    def __init__(self, rig) -> None:
+        self.on = True
+        engine = rig.worker._worker().engine
+        self._get_finished = engine.get_finished
+        self._held = []
+        engine.get_finished = self
+
+    def __call__(self):
+        self._held.extend(self._get_finished())
+        if self.on:
+            return []
+        out, self._held = self._held, []
+        return out
+
+
+def sched_stats(rig):
+    return rig.connector._sched().scheduler.stats()
+
+
+def test_small_tier_evicts_least_recent_and_hits_stay_exact(model_dir, is_async):
+    rig = make_rig(model_dir, is_async=is_async, cpu_chunks=3, enable_events=True)
+    published = []
+    rig.scheduler.kv_event_publisher.publish = published.append
+    a = rig.add("a", prompt(1, 36), 1)
+    rig.run()
+    rig.add("b", prompt(2, 36), 1)  # three new chunks: all of a's are evicted
+    rig.run()
+    store = rig.connector._sched().scheduler.store.stats()
+    assert (store.num_slots, store.ready, store.evictions) == (3, 3, 3)
+    rig.reset_gpu_prefix_cache()
+    rig.add("a2", prompt(1, 40), 1)
+    rig.add("b2", prompt(2, 40), 1)
+    rig.run()
+    assert rig.load_of("a2") is None
+    assert rig.load_of("b2").num_tokens == 36
+    assert rig.outputs["b2"] == expected_outputs(prompt(2, 40), 1)
+
+    events = [e for batch in published for e in batch.events]
+    stored = [e for e in events if isinstance(e, BlockStored) and e.medium == "CPU"]
+    removed = [e for e in events if isinstance(e, BlockRemoved) and e.medium == "CPU"]
+    # A chunk's key is the hash of its last GPU block.
+    a_keys = [maybe_convert_block_hash(a.block_hashes[i]) for i in (2, 5, 8)]
+    assert [h for e in stored for h in e.block_hashes][:3] == a_keys
+    assert sorted(h for e in removed for h in e.block_hashes) == sorted(a_keys)
+    assert all(e.group_idx == 0 for e in stored + removed)
+
+
+def test_finished_request_keeps_its_blocks_until_its_store_is_done(model_dir, is_async):
+    """The last step of "a" computes its second chunk and finishes it: that store is still in
+    flight when "a" finishes, so vLLM must not hand a's blocks to "b" (which needs every block)
+    before the workers report "a" in finished_sending."""
+    rig = make_rig(
+        model_dir,
+        is_async=is_async,
+        num_gpu_blocks=9,  # 8 usable: a takes 7, b needs 8
+        extra={"offload_prompt_only": False},
+    )
+    stall = Stall(rig)
+    released = {}
+
+    def watch(rig, so):
+        if "a" in so.finished_req_ids:
+            released["a_finished_at"] = rig.step
+        if released.get("a_finished_at") and rig.step >= released["a_finished_at"] + 2:
+            stall.on = False
+
+    rig.before_worker = watch
+    rig.add("a", prompt(1, 20), 5)
+    rig.add("b", prompt(2, 28), 1)
+    rig.run()
+    (sent_step, sent), *_ = rig.finished_sending
+    assert sent == {"a"}
+    assert sent_step >= released["a_finished_at"] + 2
+    first_b = min(i for i, s in enumerate(rig.scheduled, 1) if "b" in s)
+    assert first_b > sent_step  # b got a's blocks only once a's store was done
+    assert rig.offsets_stored("a") == set(range(2 * BPC))
+    assert rig.outputs["b"] == expected_outputs(prompt(2, 28), 1)
+    # a's last chunk went to the CPU tier intact: a third request loads it.
+    rig.reset_gpu_prefix_cache()
+    rig.add("c", prompt(1, 20) + rig.outputs["a"][:4] + [5, 6], 1)
+    rig.run()
+    assert rig.load_of("c").num_tokens == 24
+
+
+def test_preempted_request_flushes_its_stores_and_reloads_on_readmission(model_dir, is_async):
+    """16 usable GPU blocks; "a" and "b" (24-token prompts, 40 output tokens) outgrow them and
+    "b" is preempted while its prompt store is in flight (the worker's results are held back
+    until "a" finishes): the preemption step flushes that store, b's lookups are deferred while
+    it is in flight, and once readmitted b loads its prompt from the CPU tier (a's decode has
+    overwritten b's blocks in the GPU prefix cache)."""
+    rig = make_rig(model_dir, is_async=is_async, num_gpu_blocks=17)
+    stall = Stall(rig)
+    seen = {}
+
+    def watch(rig, so):
+        if so.preempted_req_ids and "preempted" not in seen:
+            seen["preempted"] = set(so.preempted_req_ids)
+            seen["flush"] = list(so.kv_connector_metadata.flush_job_ids)
+        if "a" in so.finished_req_ids:
+            stall.on = False
+
+    rig.before_worker = watch
+    rig.add("a", prompt(1, 24), 40)
+    rig.add("b", prompt(2, 24), 40)
+    rig.run()
+    assert seen["preempted"] == {"b"}
+    (b_store,) = [s.job_id for s in rig.stores if s.request_id == "b"]
+    assert seen["flush"] == [b_store]
+    assert sched_stats(rig).deferred_lookups > 0
+    load = rig.load_of("b")
+    assert (load.num_tokens, load.first_chunk, load.skip_leading_blocks) == (24, 0, 0)
+    for rid, seed in (("a", 1), ("b", 2)):
+        assert rig.outputs[rid] == expected_outputs(prompt(seed, 24), 40)
+
+
+def test_failed_load_is_recomputed(model_dir, is_async):
+    rig = make_rig(model_dir, is_async=is_async)
+    rig.add("a", prompt(4, 36), 2)
+    rig.run()
+    rig.reset_gpu_prefix_cache()
+    engine = rig.worker._worker().engine
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected copy failure")
+
+    engine.submit_load = broken
+    rig.add("b", [*prompt(4, 36), 7, 8, 9], 3)
+    rig.run()
+    stats = sched_stats(rig)
+    assert (stats.load_jobs, stats.load_failures, stats.chunks_loaded) == (1, 1, 0)
+    # The rig checked b's positions before computing on them: they were recomputed, not read
+    # as zeros from the failed load.
+    assert rig.checked_positions["b"] >= 39
+    assert rig.outputs["b"] == expected_outputs([*prompt(4, 36), 7, 8, 9], 3)
+    store = rig.connector._sched().scheduler.store.stats()
+    assert store.pinned == 0
+
+
+def test_reset_cache_drops_the_cpu_tier(model_dir, is_async):
+    rig = make_rig(model_dir, is_async=is_async)
+    rig.add("a", prompt(5, 36), 1)
+    rig.run()
+    assert rig.scheduler.reset_prefix_cache(reset_connector=True)
+    rig.kv_caches["model.layers.0.self_attn.attn"].zero_()
+    rig.add("b", [*prompt(5, 36), 1, 2], 1)
+    rig.run()
+    assert rig.load_of("b") is None
+    assert rig.connector._sched().scheduler.store.stats().ready == 3  # b stored them again
+
+
+def test_stats_reach_vllm_and_prometheus(model_dir, is_async):
+    rig = make_rig(model_dir, is_async=is_async)
+    rig.add("a", prompt(6, 24), 1)
+    rig.run()
+    rig.reset_gpu_prefix_cache()
+    rig.add("b", [*prompt(6, 24), 3], 1)
+    rig.run()
+    stats = sched_stats(rig)
+    assert (stats.chunks_stored, stats.chunks_loaded, stats.hit_tokens) == (2, 2, 24)
+    assert stats.bytes_loaded == 2 * BPC * BLOCK_BYTES
+    # Each get_kv_connector_stats call reports the increments since the previous one.
+    assert rig.connector.get_kv_connector_stats() is None
+
+
+def test_jobs_in_flight_keep_the_engine_stepping(model_dir, is_async):
+    rig = make_rig(model_dir, is_async=is_async)
+    stall = Stall(rig)
+    rig.add("a", prompt(7, 24), 2)
+    with pytest.raises(AssertionError, match="still running"):
+        rig.run(max_steps=20)
+    assert rig.connector.has_pending_push_work() and rig.scheduler.has_requests()
+    stall.on = False
+    rig.run()
+    assert not rig.connector.has_pending_push_work()
+    assert sched_stats(rig).chunks_stored == 2
