@@ -139,11 +139,23 @@ class CpuStore:
     def events_enabled(self) -> bool:
         return self._inner.events_enabled
 
-    def prepare_store(self, keys: Keys) -> StorePlan | None:
+    def new_rank(self) -> int:
+        """A rank for one request (see `prepare_store`)."""
+        return self._inner.new_rank()
+
+    def prepare_store(
+        self, keys: Keys, *, rank: int | None = None, first_position: int = 0
+    ) -> StorePlan | None:
         """Reserves slots for the keys that are neither pending nor ready (duplicates count once),
         evicting unpinned ready keys if needed; keys of this batch are never evicted for it.
-        Returns `None` ("cannot store now") when they do not all fit: nothing changed."""
-        out = self._inner.prepare_store(keys)
+        Returns `None` ("cannot store now") when they do not all fit: nothing else changed.
+
+        With a `rank` from `new_rank`, the keys are used by that request, key `j` at position
+        `first_position + j` of it: under `lru` a request's keys then leave as one group, ordered
+        by the rank it drew, tails before heads, across all its calls (vLLM 0.33's LRU); new keys
+        take that place and ready keys of the batch move up to it if they sort below it (also
+        when the call is refused). Without a rank, new keys are the most recent."""
+        out = self._inner.prepare_store(keys, rank, first_position)
         if out is None:
             return None
         to_write, indices, slots, evicted = out
@@ -159,13 +171,21 @@ class CpuStore:
         hits, pending = self._inner.lookup_prefix(keys)
         return PrefixLookup(hits, pending)
 
+    def first_pinned(self, keys: Keys) -> int:
+        """The position of the first key with a load in flight, or `len(keys)` if none has."""
+        return self._inner.first_pinned(keys)
+
     def lookup(self, keys: Keys) -> npt.NDArray[np.uint8]:
         """The `KeyStatus` value of every key."""
         return np.frombuffer(self._inner.lookup(keys), dtype=_UINT8)
 
-    def prepare_load(self, keys: Keys) -> npt.NDArray[np.int64]:
-        """Pins every key (all must be ready) for a load and returns their slots."""
-        return _int64s(self._inner.prepare_load(keys))
+    def prepare_load(
+        self, keys: Keys, *, rank: int | None = None, first_position: int = 0
+    ) -> npt.NDArray[np.int64]:
+        """Pins every key (all must be ready) for a load and returns their slots. With a `rank`,
+        each key moves up to its place in that request's group if it sorts below it (see
+        `prepare_store`)."""
+        return _int64s(self._inner.prepare_load(keys, rank, first_position))
 
     def complete_load(self, keys: Keys) -> None:
         """Unpins every key once (each must be pinned as often as it is listed)."""

@@ -20,5 +20,5 @@ pub use error::{Error, Result};
 pub use events::{Event, EventKind};
 pub use key::{validate_keys, MAX_KEY_LEN};
 pub use keybuf::KeyBuf;
-pub use policy::{PolicyKind, POLICY_NAMES};
-pub use store::{KeyStatus, Stats, Store, StorePlan, MAX_SLOTS};
+pub use policy::{PolicyKind, Rank, POLICY_NAMES};
+pub use store::{KeyStatus, RankedBatch, Stats, Store, StorePlan, MAX_SLOTS};

@@ -8,6 +8,41 @@ use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::list::{Linked, List, NIL};
 use core::str::FromStr;
+use std::collections::BTreeSet;
+
+/// Eviction order of a key under `Lru`, packed in 64 bits: the smallest leaves first. A plain
+/// use takes the next value of a counter (`major`); a key used by a request takes that request's
+/// rank (drawn once from the same counter) and sorts below every other use of that rank by its
+/// position in the request, so within a request tails leave before heads, across all its batches
+/// (vLLM 0.33's LRU ranks `(request_rank, -position)` and `(counter, 0)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Rank(u64);
+
+const MINOR_BITS: u32 = 24;
+const MINOR_MAX: u64 = (1 << MINOR_BITS) - 1;
+/// 2^40 draws: past that, ranks saturate (later uses tie, broken by slot) instead of wrapping.
+const MAJOR_MAX: u64 = (1 << (64 - MINOR_BITS)) - 1;
+
+impl Rank {
+    /// A plain use: above every key of the same major.
+    pub fn plain(major: u64) -> Rank {
+        Rank((major.min(MAJOR_MAX) << MINOR_BITS) | MINOR_MAX)
+    }
+
+    /// Position `position` of a request of rank `major`: positions beyond 2^24 - 2 tie.
+    pub fn at(major: u64, position: i64) -> Rank {
+        let p = position.clamp(0, MINOR_MAX as i64 - 1) as u64;
+        Rank((major.min(MAJOR_MAX) << MINOR_BITS) | (MINOR_MAX - 1 - p))
+    }
+
+    pub(crate) fn from_bits(bits: u64) -> Rank {
+        Rank(bits)
+    }
+
+    pub(crate) fn to_bits(self) -> u64 {
+        self.0
+    }
+}
 
 pub const POLICY_NAMES: &[&str] = &["lru", "arc"];
 
@@ -41,6 +76,9 @@ impl PolicyKind {
 pub(crate) trait PolicyNode: Linked {
     fn list(&self) -> u8;
     fn set_list(&mut self, list: u8);
+    /// Under `Lru` only: the key's rank (the links are unused then).
+    fn rank(&self) -> Rank;
+    fn set_rank(&mut self, rank: Rank);
 }
 
 pub(crate) const NO_LIST: u8 = u8::MAX;
@@ -49,18 +87,22 @@ const T2: u8 = 1;
 
 pub(crate) struct Policy {
     kind: PolicyKind,
-    /// `Lru` uses `lists[T1]` only.
+    /// `Arc` only: T1 and T2.
     lists: [List; 2],
     ghosts: Option<Ghosts>,
+    /// `Lru` only.
+    ranked: Option<Ranked>,
 }
 
 impl Policy {
     pub(crate) fn new(kind: PolicyKind, capacity: u32) -> Self {
         let ghosts = (kind == PolicyKind::Arc).then(|| Ghosts::new(capacity));
+        let ranked = (kind == PolicyKind::Lru).then(Ranked::default);
         Policy {
             kind,
             lists: [List::default(); 2],
             ghosts,
+            ranked,
         }
     }
 
@@ -68,19 +110,54 @@ impl Policy {
         self.kind
     }
 
-    /// A new key enters at the most recent end. Under ARC a ghost hit adapts the target and the
-    /// key goes straight to T2: it has been wanted before.
-    pub(crate) fn insert<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, fingerprint: u64) {
+    /// A fresh request rank (see `Rank`); ARC orders by use and ignores ranks.
+    pub(crate) fn new_rank(&mut self) -> u64 {
+        match &mut self.ranked {
+            Some(r) => r.next(),
+            None => 0,
+        }
+    }
+
+    /// A new key enters at the most recent end, or at `rank` under LRU. Under ARC a ghost hit
+    /// adapts the target and the key goes straight to T2: it has been wanted before.
+    pub(crate) fn insert<N: PolicyNode>(
+        &mut self,
+        nodes: &mut [N],
+        i: u32,
+        fingerprint: u64,
+        rank: Option<Rank>,
+    ) {
+        if let Some(r) = &mut self.ranked {
+            let rank = rank.unwrap_or_else(|| Rank::plain(r.next()));
+            r.insert(nodes, i, rank);
+            nodes[i as usize].set_list(T1);
+            return;
+        }
         let ghost_hit = self.ghosts.as_mut().is_some_and(|g| g.hit(fingerprint));
         let list = if ghost_hit { T2 } else { T1 };
         nodes[i as usize].set_list(list);
         self.lists[list as usize].push_mru(nodes, i);
     }
 
+    /// Under LRU, moves a resident key up to `rank` if it sorts below it (a request using a
+    /// key it did not store); otherwise nothing.
+    pub(crate) fn raise<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, rank: Rank) {
+        if let Some(r) = &mut self.ranked {
+            if nodes[i as usize].rank() < rank {
+                r.remove(nodes, i);
+                r.insert(nodes, i, rank);
+            }
+        }
+    }
+
     /// Removes a key without remembering it (failed store, reset).
     pub(crate) fn remove<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32) {
-        let list = nodes[i as usize].list();
-        self.lists[list as usize].unlink(nodes, i);
+        if let Some(r) = &mut self.ranked {
+            r.remove(nodes, i);
+        } else {
+            let list = nodes[i as usize].list();
+            self.lists[list as usize].unlink(nodes, i);
+        }
         nodes[i as usize].set_list(NO_LIST);
     }
 
@@ -97,6 +174,12 @@ impl Policy {
     /// without (a key whose store is still in flight, or one only refreshed in its prefix order)
     /// it stays in its list, so a once-used key does not come to look frequent.
     pub(crate) fn touch<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, promote: bool) {
+        if let Some(r) = &mut self.ranked {
+            r.remove(nodes, i);
+            let rank = Rank::plain(r.next());
+            r.insert(nodes, i, rank);
+            return;
+        }
         let list = nodes[i as usize].list();
         self.lists[list as usize].unlink(nodes, i);
         let to = if self.kind == PolicyKind::Arc && promote {
@@ -120,13 +203,19 @@ impl Policy {
         if n == 0 {
             return Some(victims);
         }
+        if let Some(r) = &self.ranked {
+            victims.extend(
+                r.order
+                    .iter()
+                    .map(|&(_, i)| i)
+                    .filter(|&i| evictable(i))
+                    .take(n),
+            );
+            return (victims.len() == n).then_some(victims);
+        }
         let mut t1 = self.lists[T1 as usize]
             .iter(nodes)
             .filter(|&i| evictable(i));
-        if self.kind == PolicyKind::Lru {
-            victims.extend(t1.take(n));
-            return (victims.len() == n).then_some(victims);
-        }
         let mut t2 = self.lists[T2 as usize]
             .iter(nodes)
             .filter(|&i| evictable(i));
@@ -156,15 +245,18 @@ impl Policy {
     }
 
     pub(crate) fn list_len(&self, list: u8) -> u32 {
-        self.lists[list as usize].len
+        match &self.ranked {
+            Some(r) => r.order.len() as u32,
+            None => self.lists[list as usize].len,
+        }
     }
 
-    pub(crate) fn iter_list<'a, N: PolicyNode>(
-        &self,
-        nodes: &'a [N],
-        list: u8,
-    ) -> impl Iterator<Item = u32> + 'a {
-        self.lists[list as usize].iter(nodes)
+    /// The members of one list, first to leave first.
+    pub(crate) fn list_members<N: PolicyNode>(&self, nodes: &[N], list: u8) -> Vec<u32> {
+        match &self.ranked {
+            Some(r) => r.order.iter().map(|&(_, i)| i).collect(),
+            None => self.lists[list as usize].iter(nodes).collect(),
+        }
     }
 
     pub(crate) fn num_lists(&self) -> u8 {
@@ -194,6 +286,36 @@ impl Policy {
 
     pub(crate) fn heap_bytes(&self) -> usize {
         self.ghosts.as_ref().map_or(0, Ghosts::heap_bytes)
+            + self.ranked.as_ref().map_or(0, Ranked::heap_bytes)
+    }
+}
+
+/// LRU as an ordered set of `(rank, slot)`; each key's rank also lives in its node.
+#[derive(Default)]
+struct Ranked {
+    order: BTreeSet<(Rank, u32)>,
+    counter: u64,
+}
+
+impl Ranked {
+    fn next(&mut self) -> u64 {
+        self.counter += 1;
+        self.counter
+    }
+
+    fn insert<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, rank: Rank) {
+        nodes[i as usize].set_rank(rank);
+        self.order.insert((rank, i));
+    }
+
+    fn remove<N: PolicyNode>(&mut self, nodes: &[N], i: u32) {
+        let removed = self.order.remove(&(nodes[i as usize].rank(), i));
+        debug_assert!(removed, "slot {i} is ranked");
+    }
+
+    fn heap_bytes(&self) -> usize {
+        // 16-byte elements in B-tree leaves of 11, about two-thirds full on average.
+        self.order.len() * 24
     }
 }
 
@@ -331,5 +453,23 @@ impl Ghosts {
         self.nodes.capacity() * core::mem::size_of::<Ghost>()
             + self.free.capacity() * 4
             + self.table.heap_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rank;
+
+    #[test]
+    fn rank_order() {
+        // Within a request, tails leave first; the request's keys sit between older and newer
+        // draws; positions past the minor range tie instead of wrapping.
+        assert!(Rank::at(5, 3) < Rank::at(5, 0));
+        assert!(Rank::at(5, 0) < Rank::plain(5));
+        assert!(Rank::plain(4) < Rank::at(5, 1 << 30));
+        assert!(Rank::at(5, 0) < Rank::plain(6));
+        assert_eq!(Rank::at(5, 1 << 30), Rank::at(5, i64::MAX));
+        assert_eq!(Rank::at(5, -3), Rank::at(5, 0));
+        assert_eq!(Rank::plain(u64::MAX), Rank::plain(1 << 41));
     }
 }

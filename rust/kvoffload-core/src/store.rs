@@ -9,7 +9,7 @@ use crate::index::{prefetch, Index};
 use crate::key::{hash_key, validate_keys, InlineKey, MAX_KEY_LEN};
 use crate::keybuf::KeyBuf;
 use crate::list::{Linked, NIL};
-use crate::policy::{Policy, PolicyKind, PolicyNode, NO_LIST};
+use crate::policy::{Policy, PolicyKind, PolicyNode, Rank, NO_LIST};
 
 /// The main index is at most this full (linear probing stays short below ~0.8).
 const INDEX_LOAD: f64 = 0.7;
@@ -107,6 +107,30 @@ impl PolicyNode for Entry {
     }
     fn set_list(&mut self, list: u8) {
         self.list = list;
+    }
+    // LRU keeps no links: the rank takes their 8 bytes.
+    fn rank(&self) -> Rank {
+        Rank::from_bits((u64::from(self.prev) << 32) | u64::from(self.next))
+    }
+    fn set_rank(&mut self, rank: Rank) {
+        let bits = rank.to_bits();
+        self.prev = (bits >> 32) as u32;
+        self.next = bits as u32;
+    }
+}
+
+/// Where one call's keys belong in LRU order: they are used by the request of `rank` (from
+/// `Store::new_rank`), key `j` of the call at position `first_position + j` of that request.
+/// Ignored under ARC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankedBatch {
+    pub rank: u64,
+    pub first_position: i64,
+}
+
+impl RankedBatch {
+    fn rank_at(batch: Option<RankedBatch>, j: usize) -> Option<Rank> {
+        batch.map(|b| Rank::at(b.rank, b.first_position.saturating_add(j as i64)))
     }
 }
 
@@ -305,6 +329,23 @@ impl Store {
     /// keys by the policy if the free slots do not suffice. `Ok(None)` means "cannot store now":
     /// the store is unchanged (only the refusal counter moves).
     pub fn prepare_store<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Option<StorePlan>> {
+        self.prepare_store_ranked(keys, None)
+    }
+
+    /// A new request rank: its keys (stored or loaded with it) sort as one group, tails first,
+    /// older than every rank or use after it (see `RankedBatch`).
+    pub fn new_rank(&mut self) -> u64 {
+        self.policy.new_rank()
+    }
+
+    /// `prepare_store` by a request: new keys take their place in `batch`; ready keys of the
+    /// offer move up to theirs if they sort below it, even when the offer is refused (as in
+    /// vLLM, where the offer is a use of them).
+    pub fn prepare_store_ranked<K: AsRef<[u8]>>(
+        &mut self,
+        keys: &[K],
+        batch: Option<RankedBatch>,
+    ) -> Result<Option<StorePlan>> {
         validate_keys(keys)?;
         let mut found = Vec::with_capacity(keys.len());
         self.scan(keys, |_, hash, slot| {
@@ -318,13 +359,16 @@ impl Store {
         for (i, (hash, slot)) in found.into_iter().enumerate() {
             if let Some(slot) = slot {
                 let e = &mut self.entries[slot as usize];
-                if e.state == State::Ready && e.flags == 0 {
-                    e.flags |= PROTECTED;
-                    protected.push(slot);
-                }
                 // Dropped by `reset` but still pending or pinned: it answers absent, yet cannot be
                 // stored again until released. Refusing keeps the caller's frontier before it.
                 blocked_by_reset |= !e.live();
+                if e.state == State::Ready && e.flags == 0 {
+                    e.flags |= PROTECTED;
+                    protected.push(slot);
+                    if let Some(rank) = RankedBatch::rank_at(batch, i) {
+                        self.policy.raise(&mut self.entries, slot, rank);
+                    }
+                }
                 continue;
             }
             let key = keys[i].as_ref();
@@ -385,7 +429,8 @@ impl Store {
                 ..Entry::FREE
             };
             self.index.insert(hash, slot);
-            self.policy.insert(&mut self.entries, slot, hash);
+            let rank = RankedBatch::rank_at(batch, i as usize);
+            self.policy.insert(&mut self.entries, slot, hash, rank);
             self.stats.pending += 1;
             plan.indices.push(i);
             plan.slots.push(slot);
@@ -503,6 +548,22 @@ impl Store {
         Ok((hits, stop == KeyStatus::Pending))
     }
 
+    /// The position of the first key with a load in flight (pinned and not dropped by `reset`),
+    /// or `keys.len()` when none is.
+    pub fn first_pinned<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<usize> {
+        validate_keys(keys)?;
+        let mut at = 0;
+        self.scan(keys, |_, _, slot| {
+            let pinned = slot.is_some_and(|s| {
+                let e = &self.entries[s as usize];
+                e.pins > 0 && e.live()
+            });
+            at += usize::from(!pinned);
+            !pinned
+        });
+        Ok(at)
+    }
+
     /// The status of every key.
     pub fn lookup<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<KeyStatus>> {
         validate_keys(keys)?;
@@ -524,9 +585,23 @@ impl Store {
     /// Pins every key for a load and returns its slot. Every key must be ready; a key listed
     /// twice is pinned twice.
     pub fn prepare_load<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<u32>> {
+        self.prepare_load_ranked(keys, None)
+    }
+
+    /// `prepare_load` by a request: each key moves up to its place in `batch` if it sorts below.
+    pub fn prepare_load_ranked<K: AsRef<[u8]>>(
+        &mut self,
+        keys: &[K],
+        batch: Option<RankedBatch>,
+    ) -> Result<Vec<u32>> {
         let slots = self.resolve(keys, "prepare_load", "ready", |e| {
             e.state == State::Ready && e.live()
         })?;
+        for (j, &slot) in slots.iter().enumerate() {
+            if let Some(rank) = RankedBatch::rank_at(batch, j) {
+                self.policy.raise(&mut self.entries, slot, rank);
+            }
+        }
         for &slot in &slots {
             let e = &mut self.entries[slot as usize];
             e.pins += 1;
@@ -707,7 +782,7 @@ impl Store {
         );
         let mut in_lists = 0;
         for list in 0..self.policy.num_lists() {
-            let members: Vec<u32> = self.policy.iter_list(&self.entries, list).collect();
+            let members = self.policy.list_members(&self.entries, list);
             assert_eq!(
                 members.len() as u32,
                 self.policy.list_len(list),
@@ -736,7 +811,8 @@ impl Store {
         (0..self.policy.num_lists())
             .map(|l| {
                 self.policy
-                    .iter_list(&self.entries, l)
+                    .list_members(&self.entries, l)
+                    .into_iter()
                     .map(|s| self.entries[s as usize].key.as_slice().to_vec())
                     .collect()
             })

@@ -1,7 +1,9 @@
 //! Exact walks through the store (issue 2), step by step with the slots, victims, order and
 //! events each step must produce.
 
-use kvoffload_core::{Error, Event, EventKind, KeyBuf, KeyStatus, PolicyKind, Store, StorePlan};
+use kvoffload_core::{
+    Error, Event, EventKind, KeyBuf, KeyStatus, PolicyKind, RankedBatch, Store, StorePlan,
+};
 
 fn k(id: u8) -> Vec<u8> {
     // 36-byte keys like vLLM's: a 32-byte hash and a 4-byte group index.
@@ -252,4 +254,79 @@ fn reset_drops_ready_keys_now_and_busy_keys_when_released() {
         (0, 0, 0, 0)
     );
     assert_eq!(order(&s), vec![Vec::<u8>::new()]);
+}
+
+fn store_ranked(s: &mut Store, keys: &[u8], rank: u64, first_position: i64) -> StorePlan {
+    let batch = RankedBatch {
+        rank,
+        first_position,
+    };
+    let plan = s
+        .prepare_store_ranked(&ks(keys), Some(batch))
+        .unwrap()
+        .expect("room for the keys");
+    let written: Vec<Vec<u8>> = plan.indices.iter().map(|&i| k(keys[i as usize])).collect();
+    s.complete_store(&written, true).unwrap();
+    s.check_invariants();
+    plan
+}
+
+/// vLLM 0.33's LRU order: a request's keys sort by the rank it drew when it first used the
+/// store, tails before heads, across all of its batches; uses without a rank (and `touch`, as
+/// at a request's end) take fresh ranks.
+#[test]
+fn lru_ranked_walk() {
+    let mut s = Store::new(8, PolicyKind::Lru, false).unwrap();
+    let a = s.new_rank();
+    store_ranked(&mut s, &[10, 11, 12], a, 0);
+    let b = s.new_rank();
+    store_ranked(&mut s, &[20, 21], b, 0);
+    // a's later chunks still sort with a, older than all of b, and before a's head.
+    store_ranked(&mut s, &[13, 14], a, 3);
+    assert_eq!(order(&s), vec![vec![14, 13, 12, 11, 10, 21, 20]]);
+    // A plain store is the newest use.
+    store(&mut s, &[30]);
+    assert_eq!(order(&s), vec![vec![14, 13, 12, 11, 10, 21, 20, 30]]);
+    // a finishes: its prefix is refreshed, head most recent.
+    s.touch(&ks(&[10, 11, 12, 13, 14]), false).unwrap();
+    assert_eq!(order(&s), vec![vec![21, 20, 30, 14, 13, 12, 11, 10]]);
+    // c loads b's head (position 0) and re-offers b's second chunk: both move up to c's rank,
+    // newer than a's refresh; the full store evicts the oldest key for c's new chunk.
+    let c = s.new_rank();
+    let batch = RankedBatch {
+        rank: c,
+        first_position: 0,
+    };
+    s.prepare_load_ranked(&ks(&[20]), Some(batch)).unwrap();
+    s.complete_load(&ks(&[20])).unwrap();
+    let plan = store_ranked(&mut s, &[20, 21, 22], c, 0);
+    assert_eq!(plan.indices, vec![2]);
+    assert_eq!(ids(plan.evicted.iter()), vec![30]);
+    assert_eq!(order(&s), vec![vec![14, 13, 12, 11, 10, 22, 21, 20]]);
+    // A key already above a rank stays where it is (a is older than c).
+    let old = RankedBatch {
+        rank: a,
+        first_position: 0,
+    };
+    s.prepare_load_ranked(&ks(&[20]), Some(old)).unwrap();
+    s.complete_load(&ks(&[20])).unwrap();
+    assert_eq!(order(&s), vec![vec![14, 13, 12, 11, 10, 22, 21, 20]]);
+    // A refused offer still raises its ready keys: 40 cannot fit while everything is pinned.
+    s.prepare_load(&ks(&[14, 13, 12, 11, 10, 22, 21, 20]))
+        .unwrap();
+    let e = s.new_rank();
+    let refused = s
+        .prepare_store_ranked(
+            &ks(&[11, 40]),
+            Some(RankedBatch {
+                rank: e,
+                first_position: 0,
+            }),
+        )
+        .unwrap();
+    assert!(refused.is_none());
+    s.complete_load(&ks(&[14, 13, 12, 11, 10, 22, 21, 20]))
+        .unwrap();
+    assert_eq!(order(&s), vec![vec![14, 13, 12, 10, 22, 21, 20, 11]]);
+    s.check_invariants();
 }

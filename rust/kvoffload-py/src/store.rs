@@ -2,7 +2,7 @@
 
 use crate::errors::{to_py, KVOffloadError};
 use crate::keys::{bytes_list, int64_bytes, KeyArg};
-use kvoffload_core::{Error, EventKind, PolicyKind};
+use kvoffload_core::{Error, EventKind, PolicyKind, RankedBatch};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::{Mutex, MutexGuard};
@@ -64,10 +64,13 @@ impl Store {
     /// view was offered), `indices` their positions in the offer and `slots` their
     /// slots (both int64 bytes).
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (keys, rank = None, first_position = 0))]
     fn prepare_store<'py>(
         &self,
         py: Python<'py>,
         keys: &Bound<'py, PyAny>,
+        rank: Option<u64>,
+        first_position: i64,
     ) -> PyResult<
         Option<(
             Bound<'py, PyAny>,
@@ -77,7 +80,8 @@ impl Store {
         )>,
     > {
         let arg = KeyArg::extract(keys)?;
-        let Some(plan) = self.with_keys(py, &arg, |s, k| s.prepare_store(k))? else {
+        let batch = ranked(rank, first_position);
+        let Some(plan) = self.with_keys(py, &arg, |s, k| s.prepare_store_ranked(k, batch))? else {
             return Ok(None);
         };
         Ok(Some((
@@ -104,6 +108,10 @@ impl Store {
         self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.lookup_prefix(k))
     }
 
+    fn first_pinned(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.first_pinned(k))
+    }
+
     /// One status byte per key: 0 absent, 1 pending, 2 ready.
     fn lookup<'py>(
         &self,
@@ -115,13 +123,23 @@ impl Store {
         Ok(PyBytes::new(py, &raw))
     }
 
+    #[pyo3(signature = (keys, rank = None, first_position = 0))]
     fn prepare_load<'py>(
         &self,
         py: Python<'py>,
         keys: &Bound<'py, PyAny>,
+        rank: Option<u64>,
+        first_position: i64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let slots = self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.prepare_load(k))?;
+        let batch = ranked(rank, first_position);
+        let slots = self.with_keys(py, &KeyArg::extract(keys)?, |s, k| {
+            s.prepare_load_ranked(k, batch)
+        })?;
         Ok(int64_bytes(py, &slots))
+    }
+
+    fn new_rank(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.lock().map(|mut s| s.new_rank()))
     }
 
     fn complete_load(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -184,4 +202,11 @@ impl Store {
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.lock().map(|s| s.check_invariants()))
     }
+}
+
+fn ranked(rank: Option<u64>, first_position: i64) -> Option<RankedBatch> {
+    rank.map(|rank| RankedBatch {
+        rank,
+        first_position,
+    })
 }
