@@ -30,9 +30,9 @@ class SpyStore(CpuStore):
         self.offered: list[list[bytes]] = []
         self.looked_up: list[list[bytes]] = []
 
-    def prepare_store(self, keys):  # type: ignore[no-untyped-def]
+    def prepare_store(self, keys, **kwargs):  # type: ignore[no-untyped-def]
         self.offered.append(list(keys))
-        return super().prepare_store(keys)
+        return super().prepare_store(keys, **kwargs)
 
     def lookup_prefix(self, keys):  # type: ignore[no-untyped-def]
         self.looked_up.append(list(keys))

@@ -16,7 +16,7 @@ Between `lookup` and `on_allocated` of one step, nothing may call `plan_step` or
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import logging
 import operator
 from collections.abc import Iterable, Mapping, Sequence
@@ -48,13 +48,17 @@ from kvoffload.store import CpuStore, KeyList
 logger = logging.getLogger(__name__)
 
 _GROUP_IDX = 0  # one attention group is supported (OffloadConfig refuses more)
+_NO_BLOCKS: IntArray = np.empty(0, dtype=np.int64)
+_NO_BLOCKS.flags.writeable = False
 
 
 def _block_ids(name: str, values: Sequence[int] | IntArray) -> IntArray:
     """`values` as GPU block ids, or a ValueError naming `name`: every id an int >= 0."""
+    if isinstance(values, (list, tuple)) and not values:
+        return _NO_BLOCKS  # most decode steps allocate nothing
     ids = np.asarray(values)
     if ids.size == 0:
-        return np.empty(0, dtype=np.int64)
+        return _NO_BLOCKS
     if ids.ndim != 1 or ids.dtype.kind not in "iu" or int(ids.min()) < 0:
         raise ValueError(
             f"{name}={values!r} is invalid: expected a sequence of ints >= 0 (GPU block ids)"
@@ -67,9 +71,6 @@ def _count(name: str, value: int) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__") or operator.index(value) < 0:
         raise ValueError(f"{name}={value!r} is invalid: expected an int >= 0")
     return operator.index(value)
-
-
-_NO_BLOCKS: IntArray = np.empty(0, dtype=np.int64)
 
 
 @dataclass
@@ -87,6 +88,8 @@ class _Request:
     """`(num_local_tokens, loadable_tokens)` of the last lookup."""
     jobs: set[int] = field(default_factory=set)
     finished: bool = False
+    rank: int | None = None
+    """The request's place in the store's LRU order, drawn at its first store or load."""
 
 
 class _CheckedUpdate(NamedTuple):
@@ -113,6 +116,7 @@ class OffloadScheduler:
         self._requests: dict[str, _Request] = {}
         self._jobs: dict[int, _InFlight] = {}
         self._next_job_id = 0
+        self._loads_in_flight = 0
         self._stats = SchedulerStats()
 
     @classmethod
@@ -159,7 +163,8 @@ class OffloadScheduler:
     ) -> int | None:
         """Tokens beyond the `num_local_tokens` already on the GPU that can be loaded from the CPU
         tier (0 or at least one chunk), or `None`: ask again next step (a needed chunk is still
-        being stored, or the request still has jobs in flight from before a preemption)."""
+        being stored or is being loaded for another request, or the request still has jobs in
+        flight from before a preemption)."""
         req = self._request(request_id)
         num_local_tokens = _count("num_local_tokens", num_local_tokens)
         num_tokens = _count("num_tokens", num_tokens)
@@ -185,6 +190,13 @@ class OffloadScheduler:
             self._stats.deferred_lookups += 1
             return None
         loadable = _rust.loadable_tokens(window, hits, num_local_tokens, tpc)
+        if loadable and self._loads_in_flight:
+            # Chunks another request is loading now will be GPU prefix-cache hits once that load
+            # lands: wait for it rather than copy them twice (as vLLM's connector does).
+            end = -(-(num_local_tokens + loadable) // tpc)
+            if self.store.first_pinned(req.keys.view(first, end)) < end - first:
+                self._stats.deferred_lookups += 1
+                return None
         if loadable:
             req.planned_load = (num_local_tokens, loadable)
         return loadable
@@ -225,10 +237,13 @@ class OffloadScheduler:
         skip = (num_local - first * tpc) // self.config.tokens_per_block
         dst = table[first * bpc + skip : end * bpc]
         keys = KeyList(req.keys.view(first, end))
-        slots = self.store.prepare_load(keys)  # pins, or raises with nothing pinned
-        self.store.touch(keys)
+        # Pins, or raises with nothing pinned.
+        slots = self.store.prepare_load(keys, rank=self._rank(req), first_position=first)
+        if self.config.eviction_policy == "arc":
+            self.store.touch(keys)  # a reuse: ARC's frequent list
         req.block_ids, req.planned_load = table.tolist(), None
         job_id = self._track("load", req, keys, dst)
+        self._loads_in_flight += 1
         # Loaded chunks are in the CPU tier already; chunks before them are on the GPU.
         req.stored_chunks = max(req.stored_chunks, end)
         self._stats.load_jobs += 1
@@ -266,23 +281,58 @@ class OffloadScheduler:
     def finish_request(self, request_id: str, final: RequestUpdate | None = None) -> FinishPlan:
         """The request finished or was aborted. `final` reports tokens computed since the last
         `plan_step`, so their chunks are stored too. Keep its GPU blocks while `hold_blocks`."""
-        req = self._request(request_id)
-        jobs = []
-        if final is not None:
+        return self.finish_requests([(request_id, final)])[0]
+
+    def finish_requests(
+        self, finals: Iterable[tuple[str, RequestUpdate | None]]
+    ) -> list[FinishPlan]:
+        """`finish_request` for several requests at once, as vLLM's connector ends the requests
+        that finished in one step: every final store is planned first, then each request's
+        chunks are refreshed. The whole batch is checked before anything changes."""
+        checked: list[tuple[_Request, _CheckedUpdate | None]] = []
+        for request_id, final in finals:
+            req = self._request(request_id)
+            if final is None:
+                checked.append((req, None))
+                continue
             if final.request_id != request_id:
                 raise ValueError(
                     f"final.request_id={final.request_id!r} is not request_id={request_id!r}"
                 )
-            if (job := self._store_update(self._check_update(final))) is not None:
-                jobs.append(job)
-        # Refresh recency once per request, in prefix order, so its head outlives its tail; not a
-        # reuse (loads already counted theirs), so ARC keeps once-stored chunks in its T1.
-        self.store.touch(req.keys.view(0, req.stored_chunks), reuse=False)
-        req.finished = True
-        if not req.jobs:
-            del self._requests[request_id]
-        # A preempted request holds no GPU blocks: its jobs were flushed before they were reused.
-        return FinishPlan(jobs, hold_blocks=bool(req.jobs) and bool(req.block_ids))
+            checked.append((req, self._check_update(final)))
+        ids = [req.request_id for req, _ in checked]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"finals name a request twice: {sorted(ids)}")
+        jobs: list[list[StoreJob]] = []
+        for _, c in checked:
+            job = None if c is None else self._store_update(c)
+            jobs.append([] if job is None else [job])
+        plans = []
+        for (req, _), req_jobs in zip(checked, jobs, strict=True):
+            # Refresh recency once per request, in prefix order, so its head outlives its tail;
+            # not a reuse (loads counted theirs), so ARC keeps once-stored chunks in its T1.
+            self.store.touch(req.keys.view(0, req.stored_chunks), reuse=False)
+            req.finished = True
+            if not req.jobs:
+                del self._requests[req.request_id]
+            # A preempted request holds no GPU blocks: its jobs were flushed before they were
+            # reused.
+            plans.append(FinishPlan(req_jobs, hold_blocks=bool(req.jobs) and bool(req.block_ids)))
+        return plans
+
+    def would_hold_blocks(self, request_id: str, final: RequestUpdate | None = None) -> bool:
+        """Whether `finish_request(request_id, final)` could answer `hold_blocks`: the request
+        holds GPU blocks that jobs in flight, or its final store, read. Changes nothing, so an
+        engine can free the blocks at once when it is False and finish the request later."""
+        req = self._request(request_id)
+        if not req.block_ids:
+            return False
+        if req.jobs:
+            return True
+        if final is None:
+            return False
+        c = self._check_update(final)
+        return self._storable(req, c.computed, c.num_tokens) > req.stored_chunks
 
     def complete_job(self, job_id: int, success: bool) -> JobResult:
         """A transfer ended. A failed store drops its chunks; a failed load reports the GPU blocks
@@ -301,6 +351,7 @@ class OffloadScheduler:
             else:
                 self._stats.store_failures += 1
         else:
+            self._loads_in_flight -= 1
             self.store.complete_load(job.keys)
             if success:
                 self._stats.chunks_loaded += n
@@ -324,7 +375,8 @@ class OffloadScheduler:
         return JobResult(job_id, job.request_id, job.kind, success, failed, released)
 
     def stats(self) -> SchedulerStats:
-        return copy.deepcopy(self._stats)
+        """A snapshot of the counters."""
+        return dataclasses.replace(self._stats, ignored_params=dict(self._stats.ignored_params))
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self._requests
@@ -342,6 +394,11 @@ class OffloadScheduler:
             raise ValueError(
                 f"request_id={request_id!r} is not tracked (add_request it first, or it finished)"
             ) from None
+
+    def _rank(self, req: _Request) -> int:
+        if req.rank is None:
+            req.rank = self.store.new_rank()
+        return req.rank
 
     def _extend_keys(self, req: _Request, block_hashes: Sequence[bytes]) -> None:
         # Reads only the hashes past the chunks that already have keys.
@@ -375,26 +432,31 @@ class OffloadScheduler:
         c.req.block_ids.extend(c.new_blocks.tolist())
         return self._plan_store(c.req, c.computed)
 
-    def _plan_store(self, req: _Request, num_computed_tokens: int) -> StoreJob | None:
+    def _storable(self, req: _Request, num_computed_tokens: int, num_tokens: int) -> int:
         cfg = self.config
-        bpc = cfg.blocks_per_chunk
-        n = _rust.storable_chunks(
+        return _rust.storable_chunks(
             num_computed_tokens,
-            req.num_tokens,
+            num_tokens,
             req.num_prompt_tokens,
             req.max_offload_tokens,
             cfg.offload_prompt_only,
             cfg.tokens_per_chunk,
             len(req.block_ids),
-            bpc,
+            cfg.blocks_per_chunk,
             len(req.keys),
         )
+
+    def _plan_store(self, req: _Request, num_computed_tokens: int) -> StoreJob | None:
+        bpc = self.config.blocks_per_chunk
+        n = self._storable(req, num_computed_tokens, req.num_tokens)
         start = req.stored_chunks
         if n <= start:
             return None
         # Built before the store changes anything, so nothing below can fail half-way.
         chunks = np.asarray(req.block_ids[start * bpc : n * bpc], dtype=np.int64).reshape(-1, bpc)
-        plan = self.store.prepare_store(req.keys.view(start, n))
+        plan = self.store.prepare_store(
+            req.keys.view(start, n), rank=self._rank(req), first_position=start
+        )
         if plan is None:
             # The frontier stays: the same chunks are offered again next step.
             self._stats.store_refusals += 1
