@@ -42,6 +42,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheTensor,
 )
+from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -53,10 +54,10 @@ BPC = 3  # GPU blocks per chunk
 TPC = TPB * BPC
 NUM_LAYERS = 2
 NUM_KV_HEADS = 2
-HEAD_SIZE = 8
+HEAD_SIZE = 32
 EOS = 999
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
-# One GPU block, all layers: K and V, 4 tokens, 2 heads of 8 fp16 values.
+# One GPU block, all layers: K and V, 4 tokens, 2 heads of 32 fp16 values.
 BLOCK_BYTES = 2 * TPB * NUM_KV_HEADS * HEAD_SIZE * 2 * NUM_LAYERS
 
 init_none_hash(sha256)
@@ -73,7 +74,7 @@ def write_model_dir(path: str) -> str:
         "num_attention_heads": NUM_KV_HEADS,
         "num_key_value_heads": NUM_KV_HEADS,
         "vocab_size": 1000,
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": 65536,
         "rms_norm_eps": 1e-5,
         "torch_dtype": "float16",
         "bos_token_id": 1,
@@ -310,6 +311,7 @@ def make_rig(
     chunk_tokens: int = TPC,
     verify: bool = True,
     vllm_worker: Callable[..., Any] | None = None,
+    max_model_len: int = 2048,
 ) -> Rig:
     """A scheduler and one worker with `connector`: "kvoffload" (ours), or "vllm" (vLLM's
     OffloadingConnector with its CPU spec; `vllm_worker(canonical_kv_caches, spec)` stands in
@@ -343,7 +345,7 @@ def make_rig(
         skip_tokenizer_init=True,
         dtype="float16",
         seed=0,
-        max_model_len=2048,
+        max_model_len=max_model_len,
     )
     vllm_config = VllmConfig(
         model_config=model,
@@ -366,14 +368,14 @@ def make_rig(
     vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
     kv_cache_config = KVCacheConfig(
         num_blocks=num_gpu_blocks,
+        # One backing allocation, layer after layer, as vLLM describes it.
         kv_cache_tensors=[
             KVCacheTensor(
-                size=page_bytes * num_gpu_blocks,
-                layers=[name],
+                size=page_bytes * num_gpu_blocks * NUM_LAYERS,
+                layers=list(LAYERS),
                 layer_stride=page_bytes * num_gpu_blocks,
                 block_stride=page_bytes,
             )
-            for name in LAYERS
         ],
         kv_cache_groups=[
             KVCacheGroupSpec(
@@ -409,6 +411,41 @@ def make_rig(
     with set_current_vllm_config(vllm_config):
         worker.register_kv_caches(kv_caches)
     return Rig(scheduler, worker, kv_caches, vllm_config, is_async, tpb=tpb, verify=verify)
+
+
+class NoCopyWorker(OffloadingWorker):
+    """Stands in for vLLM's CUDA-only CPU offloading worker: completes each job at once."""
+
+    def __init__(self, canonical: Any, spec: Any) -> None:
+        self._done: list[TransferResult] = []
+
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+        self._done.append(TransferResult(job_id, True, 0, 0.0))
+        return True
+
+    def submit_load(
+        self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False
+    ) -> bool:
+        self._done.append(TransferResult(job_id, True, 0, 0.0))
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        done, self._done = self._done, []
+        return done
+
+    def wait(self, job_ids: set[int]) -> None:
+        return
+
+
+def stored_chunks(rig: Rig) -> int:
+    """Chunks the scheduler side sent to be stored, whichever connector."""
+    total = 0
+    for meta in rig.metas:
+        if hasattr(meta, "stores"):
+            total += sum(len(job.slots) for job in meta.stores)
+        else:
+            total += sum(len(job.dst_spec.block_ids) for job in meta.store_jobs.values())
+    return total
 
 
 def prompt(seed: int, n: int) -> list[int]:

@@ -155,7 +155,7 @@ class KVOffloadConnector(KVConnectorBase_V1):
         return
 
     def wait_for_save(self) -> None:
-        self._worker().start_stores(self._meta())
+        self._worker().defer_stores(self._meta())
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self._worker().get_finished()

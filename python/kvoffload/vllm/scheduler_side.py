@@ -11,7 +11,7 @@ from vllm.distributed.kv_transfer.kv_connector.utils import yield_req_data
 from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 from vllm.v1.request import RequestStatus
 
-from kvoffload.scheduler import LoadJob, OffloadScheduler, RequestUpdate, SchedulerStats, StoreJob
+from kvoffload.scheduler import LoadJob, OffloadScheduler, RequestUpdate, SchedulerStats
 from kvoffload.vllm.metadata import KVOffloadMetadata, KVOffloadWorkerMetadata
 from kvoffload.vllm.settings import ConnectorSettings
 from kvoffload.vllm.stats import KVOffloadStats, stats_delta
@@ -38,11 +38,11 @@ class SchedulerSide:
         """Requests with an asynchronous load in flight (vLLM itself frees their blocks)."""
         self._reports: dict[int, tuple[int, bool]] = {}
         """Jobs some but not all workers reported: `job_id -> (workers, all ok)`."""
+        self._finishing: dict[str, RequestUpdate] = {}
+        """Finished requests, ended in the next build_connector_meta (as vLLM's connector does)."""
         # This step's output, handed to the workers by build_connector_meta.
         self._loads: list[LoadJob] = []
-        self._final_stores: list[StoreJob] = []
         self._held: list[str] = []
-        self._fresh_blocks: set[int] = set()
         self._stats_mark = SchedulerStats()
         logger.info(
             "kvoffload: %d CPU-tier slots of %d tokens (%d bytes over %d workers), policy %s, "
@@ -79,44 +79,48 @@ class SchedulerSide:
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        group = blocks.blocks[0] if blocks.blocks else ()
-        # Blocks without a hash were just taken from the free pool: the forward pass will write
-        # them, so jobs still reading (or writing) them must be flushed first. Prefix-cache hits
-        # keep their hash and their contents.
-        self._fresh_blocks.update(b.block_id for b in group if b.block_hash is None)
-        load = self.scheduler.on_allocated(
-            request.request_id, [b.block_id for b in group], num_external_tokens
-        )
+        (block_ids,) = blocks.get_block_ids()
+        load = self.scheduler.on_allocated(request.request_id, block_ids, num_external_tokens)
         if load is not None:
             self._loads.append(load)
             self._loading.add(request.request_id)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVOffloadMetadata:
-        flush: set[int] = set()
+        # Which in-flight jobs must finish before this step's forward pass: those of requests
+        # preempted now, whose blocks vLLM has freed and may hand out in this very step. No other
+        # block under a job can be handed out: a finished request keeps its blocks until its
+        # stores are reported (request_finished), and a loading one until its load is.
+        flush: list[int] = []
         for rid in scheduler_output.preempted_req_ids or ():
             if self.scheduler.has_request(rid):
-                flush.update(self.scheduler.preempt_request(rid))
+                flush.extend(self.scheduler.preempt_request(rid))
+        # Requests in vLLM's order (running, then new), so that the store decides as vLLM's does.
+        blocks = {rid: (g, full) for rid, g, full in yield_req_data(scheduler_output)}
         updates = []
-        fresh = self._fresh_blocks
-        for rid, groups, full_table in yield_req_data(scheduler_output):
+        for rid, num_scheduled in scheduler_output.num_scheduled_tokens.items():
             request = self._requests[rid]
+            groups, full_table = blocks[rid]
             # New and resumed requests handed over their whole table in update_state_after_alloc.
-            new_blocks = groups[0] if groups and not full_table else []
-            fresh.update(new_blocks)
-            computed = request.num_computed_tokens + scheduler_output.num_scheduled_tokens[rid]
+            new_blocks = groups[0] if groups and not full_table else ()
+            computed = request.num_computed_tokens + num_scheduled
             updates.append(
                 RequestUpdate(rid, computed, request.num_tokens, new_blocks, request.block_hashes)
             )
-        plan = self.scheduler.plan_step(updates, fresh)
-        flush.update(plan.flush_job_ids)
+        stores = self.scheduler.plan_step(updates).store_jobs
+        finals = [
+            (rid, self._finishing.pop(rid))
+            for rid in scheduler_output.finished_req_ids
+            if rid in self._finishing
+        ]
+        for plan in self.scheduler.finish_requests(finals):
+            stores.extend(plan.store_jobs)
         meta = KVOffloadMetadata(
             loads=self._loads,
-            stores=self._final_stores + plan.store_jobs,
+            stores=stores,
             flush_job_ids=sorted(flush),
             held_request_ids=self._held,
         )
-        self._loads, self._final_stores, self._held = [], [], []
-        self._fresh_blocks = set()
+        self._loads, self._held = [], []
         return meta
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
@@ -135,7 +139,8 @@ class SchedulerSide:
 
     def request_finished(self, request: Request) -> bool:
         """Whether vLLM must keep the request's GPU blocks until the workers report it in
-        `finished_sending` (its stores still read them)."""
+        `finished_sending`: stores in flight, or its last store (planned in the next
+        build_connector_meta), read them."""
         rid = request.request_id
         self._requests.pop(rid, None)
         if not self.scheduler.has_request(rid):
@@ -144,14 +149,12 @@ class SchedulerSide:
             computed = request.num_computed_tokens
         else:
             # The last sampled token never had its KV computed.
-            last = max(request.num_prompt_tokens, request.num_tokens - 1)
-            computed = min(request.num_computed_tokens, last)
+            computed = max(request.num_prompt_tokens, request.num_tokens - 1)
         final = RequestUpdate(rid, computed, request.num_tokens, block_hashes=request.block_hashes)
-        plan = self.scheduler.finish_request(rid, final)
-        self._final_stores.extend(plan.store_jobs)
+        self._finishing[rid] = final
         # A request still loading is waiting for its KV: vLLM holds its blocks until the load is
         # reported in finished_recving, and would free them twice if we held them too.
-        hold = plan.hold_blocks and rid not in self._loading
+        hold = rid not in self._loading and self.scheduler.would_hold_blocks(rid, final)
         if hold:
             self._held.append(rid)
         return hold

@@ -50,8 +50,9 @@ class ConnectorSettings:
             )
         config = OffloadConfig.from_dict({**extra, "tokens_per_block": spec.block_size})
         if kv_cache_config.kv_cache_tensors and kv_cache_config.num_blocks:
-            total = sum(t.size for t in kv_cache_config.kv_cache_tensors)
-            block_bytes = total // kv_cache_config.num_blocks
+            # Every KVCacheTensor places its layers in the same backing allocation, whose whole
+            # size each of them carries (vLLM's OffloadingConnector reads it the same way).
+            block_bytes = kv_cache_config.kv_cache_tensors[0].size // kv_cache_config.num_blocks
         else:
             block_bytes = spec.page_size_bytes * len(groups[0].layer_names)
         world_size = vllm_config.parallel_config.world_size

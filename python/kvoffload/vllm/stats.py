@@ -31,15 +31,18 @@ _COUNTERS: dict[str, str] = {
 }
 
 
+_FIELDS = tuple(f.name for f in fields(SchedulerStats))
+
+
 def stats_delta(now: SchedulerStats, before: SchedulerStats) -> dict[str, int]:
     """Counter increments from `before` to `now`; `ignored_params` summed over its keys."""
     out: dict[str, int] = {}
-    for f in fields(SchedulerStats):
-        a, b = getattr(now, f.name), getattr(before, f.name)
+    for name in _FIELDS:
+        a, b = getattr(now, name), getattr(before, name)
         if isinstance(a, dict):
-            out[f.name] = sum(a.values()) - sum(b.values())
+            out[name] = sum(a.values()) - sum(b.values())
         else:
-            out[f.name] = a - b
+            out[name] = a - b
     return out
 
 

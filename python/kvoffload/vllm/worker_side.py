@@ -33,6 +33,9 @@ class WorkerSide:
         self.settings = settings
         self.engine: TransferEngine | None = None
         self._jobs: dict[int, LoadJob | StoreJob] = {}
+        """Submitted and not yet reported."""
+        self._deferred: list[StoreJob] = []
+        """Stores of the last step, submitted when the next one starts."""
         self._held: set[str] = set()
         self._results: dict[int, tuple[int, bool]] = {}
         self._recving: set[str] = set()
@@ -64,8 +67,12 @@ class WorkerSide:
             )
 
     def handle_preemptions(self, meta: KVOffloadMetadata) -> None:
-        # The first hook of every step: held requests are known before this step's results.
+        """The first hook of every step, before its forward pass: submits the last step's stores
+        and waits for the jobs whose blocks this step may overwrite."""
         self._held.update(meta.held_request_ids)
+        deferred, self._deferred = self._deferred, []
+        for job in deferred:
+            self._submit(job)
         if meta.flush_job_ids:
             self._engine().wait(meta.flush_job_ids)
 
@@ -73,15 +80,16 @@ class WorkerSide:
         for job in meta.loads:
             self._submit(job)
 
-    def start_stores(self, meta: KVOffloadMetadata) -> None:
-        # Each store waits on the compute stream, so it reads only KV the forward pass wrote.
-        for job in meta.stores:
-            self._submit(job)
+    def defer_stores(self, meta: KVOffloadMetadata) -> None:
+        # Submitted at the next step's start (each then waits on the compute stream, so it reads
+        # only KV the forward pass wrote), not now: the copies would compete with the transfer
+        # of this step's sampled tokens (vLLM's connector defers them the same way).
+        self._deferred.extend(meta.stores)
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         for result in self._engine().get_finished():
             self._record(self._jobs.pop(result.job_id), result.success)
-        busy = {job.request_id for job in self._jobs.values()}
+        busy = {job.request_id for job in (*self._jobs.values(), *self._deferred)}
         sending = {rid for rid in self._held if rid not in busy}
         self._held -= sending
         recving, self._recving = self._recving, set()
