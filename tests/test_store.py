@@ -602,3 +602,41 @@ def test_repr():
 def test_num_slots_beyond_the_u32_slot_ids_is_named():
     with pytest.raises(ValueError, match=r"num_slots=1180591620717411303424 is invalid"):
         CpuStore(2**70)
+
+
+def test_ranked_lru_orders_a_request_as_one_group_tails_first():
+    s = CpuStore(8, "lru")
+    a = s.new_rank()
+    s.complete_store(s.prepare_store(ks(10, 11), rank=a).keys)
+    b = s.new_rank()
+    s.complete_store(s.prepare_store(ks(20), rank=b).keys)
+    # a's later chunks (positions 2 and 3) still sort with a, before its head.
+    s.complete_store(s.prepare_store(ks(12, 13), rank=a, first_position=2).keys)
+    assert order(s) == [[13, 12, 11, 10, 20]]
+    # Loading b's chunk for a newer request moves it up; an older rank leaves it alone.
+    c = s.new_rank()
+    s.prepare_load(ks(20), rank=c)
+    s.prepare_load(ks(10), rank=a)
+    assert order(s) == [[13, 12, 11, 10, 20]]
+    s.complete_load(ks(20, 10))
+    s.touch(ks(10, 11, 12, 13), reuse=False)  # a finishes: head most recent
+    assert order(s) == [[20, 13, 12, 11, 10]]
+    s.check_invariants()
+
+
+def test_ranks_are_ignored_under_arc():
+    s = CpuStore(4, "arc")
+    r = s.new_rank()
+    s.complete_store(s.prepare_store(ks(1, 2), rank=r, first_position=5).keys)
+    assert order(s) == [[1, 2], []]
+
+
+def test_first_pinned():
+    s = CpuStore(4, "lru")
+    store(s, 1, 2, 3)
+    assert s.first_pinned(ks(1, 2, 3)) == 3
+    s.prepare_load(ks(2))
+    assert s.first_pinned(ks(1, 2, 3)) == 1
+    assert s.first_pinned(ks(3, 9)) == 2
+    s.complete_load(ks(2))
+    assert s.first_pinned(ks(1, 2, 3)) == 3

@@ -8,7 +8,8 @@ adapter translates. The call order for one request:
 3. `on_allocated` with its GPU block table once scheduled → the `LoadJob`, if any;
 4. `plan_step` once each engine step is scheduled, before its forward pass → `StoreJob`s, and the
    in-flight jobs to wait for before the forward pass overwrites a reallocated block;
-5. `complete_job` for every finished job; `preempt_request` / `finish_request` as they happen.
+5. `complete_job` for every finished job; `preempt_request` / `finish_request` (or
+   `finish_requests`) as they happen.
 
 Between `lookup` and `on_allocated` of one step, nothing may call `plan_step` or
 `finish_request` (both can evict the chunks the lookup found to make room for stores).

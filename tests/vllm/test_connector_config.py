@@ -1,0 +1,121 @@
+"""Start-up and the plumbing around the steps: configuration errors, tensor-parallel result
+counting, stats and Prometheus counters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rig import make_rig, prompt
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import KVConnectorOutput
+
+from kvoffload import ConfigError, NotSupportedError
+from kvoffload.vllm import KVOffloadConnector, KVOffloadStats
+from kvoffload.vllm.metadata import KVOffloadWorkerMetadata
+from kvoffload.vllm.settings import ConnectorSettings
+from kvoffload.vllm.worker_side import block_dim_of
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"cpu_bytes_to_use": None}, "cpu_bytes_to_use is required"),
+        ({"cpu_bytes_to_use": -5}, r"cpu_bytes_to_use=-5 \(int\) is invalid"),
+        ({"block_size": 10}, "block_size=10 is invalid: expected a multiple of the GPU block"),
+        ({"eviction_policy": "fifo"}, "eviction_policy='fifo' is invalid: expected one of lru, arc"),
+        ({"offload_prompt_only": "yes"}, "offload_prompt_only='yes'"),
+        ({"tokens_per_block": 16}, "tokens_per_block comes from vLLM's --block-size"),
+        ({"cpu_bytes_to_use": 100}, "cpu_bytes_to_use=100 holds no chunk"),
+    ],
+)
+def test_bad_config_stops_start_up_naming_the_key(model_dir, extra, match):
+    with pytest.raises(ConfigError, match=match):
+        make_rig(model_dir, extra=extra)
+
+
+def test_a_hybrid_model_is_refused_with_the_seam_to_use(model_dir):
+    rig = make_rig(model_dir)
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=2, head_size=32, dtype=torch.float16)
+    two_groups = KVCacheConfig(
+        num_blocks=64,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["a"], spec), KVCacheGroupSpec(["b"], spec)],
+    )
+    with pytest.raises(NotSupportedError, match="2 .*vLLM's OffloadingConnector"):
+        ConnectorSettings.from_vllm(rig.vllm_config, two_groups)
+
+
+def test_tier_is_split_over_workers(model_dir):
+    rig = make_rig(model_dir, cpu_chunks=40)
+    settings = rig.connector._sched().settings
+    assert settings.num_slots == 40
+    rig.vllm_config.parallel_config.tensor_parallel_size = 2
+    rig.vllm_config.parallel_config.world_size = 2
+    tp2 = ConnectorSettings.from_vllm(rig.vllm_config, rig.scheduler.kv_cache_config)
+    # Each worker copies its shard; cpu_bytes_to_use is the total, so half the chunks fit.
+    assert (tp2.world_size, tp2.num_slots) == (2, 20)
+
+
+def test_a_job_completes_once_every_worker_reported_it(model_dir):
+    rig = make_rig(model_dir)
+    side = rig.connector._sched()
+    rig.add("a", prompt(1, 24), 1)
+    so = rig.scheduler.schedule()
+    (job,) = so.kv_connector_metadata.stores
+    side.settings = type(side.settings)(**{**side.settings.__dict__, "world_size": 2})
+    one = KVOffloadWorkerMetadata({job.job_id: (1, True)})
+    side.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=one))
+    assert side.scheduler.jobs_in_flight == [job.job_id]
+    other = KVOffloadWorkerMetadata({job.job_id: (1, False)})
+    both = one.aggregate(other)
+    assert both.results == {job.job_id: (2, False)}
+    side.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=other))
+    assert side.scheduler.jobs_in_flight == []
+    assert side.scheduler.stats().store_failures == 1  # one worker failed: the chunks are dropped
+
+
+def test_block_dim_of_vllm_layouts():
+    assert block_dim_of(torch.empty(64, 2, 4, 2, 8), 64) == 0
+    assert block_dim_of(torch.empty(2, 64, 4, 2, 8), 64) == 1
+    with pytest.raises(ValueError, match=r"shape \(2, 3, 64\) has no dimension of num_blocks=64"):
+        block_dim_of(torch.empty(2, 3, 64), 64)
+
+
+def test_stats_aggregate_and_rebuild():
+    a = KVOffloadStats(data={"hit_tokens": 24, "chunks_loaded": 2})
+    b = KVOffloadConnector.build_kv_connector_stats({"hit_tokens": 12, "store_refusals": 1})
+    assert isinstance(b, KVOffloadStats)
+    assert a.aggregate(b).reduce() == {"hit_tokens": 36, "chunks_loaded": 2, "store_refusals": 1}
+    assert KVOffloadStats(data={"hit_tokens": 0}).is_empty()
+
+
+class _Counter:
+    made: dict[str, _Counter] = {}
+
+    def __init__(self, name, documentation, labelnames):
+        self.name, self.values = name, {}
+        _Counter.made[name] = self
+
+    def labels(self, *values):
+        counter = self
+
+        class _Child:
+            def inc(self, v):
+                counter.values[values] = counter.values.get(values, 0) + v
+
+        return _Child()
+
+
+def test_prometheus_counters(model_dir):
+    from prometheus_client import Counter, Gauge, Histogram
+
+    rig = make_rig(model_dir)
+    types = {Counter: _Counter, Gauge: object, Histogram: object}
+    prom = KVOffloadConnector.build_prom_metrics(
+        rig.vllm_config, types, ["model_name", "engine"], {0: ["tiny", "0"]}
+    )
+    prom.observe({"hit_tokens": 48, "bytes_loaded": 1024, "lookups": 0})
+    prom.observe({"hit_tokens": 12})
+    assert _Counter.made["vllm:kvoffload_hit_tokens"].values == {("tiny", "0"): 60}
+    assert _Counter.made["vllm:kvoffload_bytes_loaded"].values == {("tiny", "0"): 1024}
+    assert _Counter.made["vllm:kvoffload_lookups"].values == {}
