@@ -118,7 +118,7 @@ def test_kvoffload_store(benchmark):
 
 def _vllm() -> Any:
     if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed (`make bench` installs vllm==0.33.*)")
+        pytest.skip("vLLM is not installed (`make test` installs vLLM 0.33)")
     from vllm.v1.kv_offload import base
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 

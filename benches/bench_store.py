@@ -288,7 +288,7 @@ DRIVERS: list[Driver] = [
 
 def vllm_unavailable() -> str | None:
     if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (`make bench` installs vllm==0.33.*)"
+        return "vLLM is not installed (`make test` installs vLLM 0.33)"
     version = importlib.metadata.version("vllm")
     if not version.startswith("0.33."):
         return f"vLLM {version} is installed; this comparison drives vLLM 0.33's manager"
