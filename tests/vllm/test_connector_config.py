@@ -3,6 +3,8 @@ counting, stats and Prometheus counters."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 from rig import make_rig, prompt
@@ -22,7 +24,7 @@ from kvoffload.vllm.worker_side import block_dim_of
         ({"cpu_bytes_to_use": None}, "cpu_bytes_to_use is required"),
         ({"cpu_bytes_to_use": -5}, r"cpu_bytes_to_use=-5 \(int\) is invalid"),
         ({"block_size": 10}, "block_size=10 is invalid: expected a multiple of the GPU block"),
-        ({"eviction_policy": "fifo"}, "eviction_policy='fifo' is invalid: expected one of lru, arc"),
+        ({"eviction_policy": "fifo"}, "eviction_policy='fifo' is invalid: expected one of lru"),
         ({"offload_prompt_only": "yes"}, "offload_prompt_only='yes'"),
         ({"tokens_per_block": 16}, "tokens_per_block comes from vLLM's --block-size"),
         ({"cpu_bytes_to_use": 100}, "cpu_bytes_to_use=100 holds no chunk"),
@@ -41,7 +43,7 @@ def test_a_hybrid_model_is_refused_with_the_seam_to_use(model_dir):
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["a"], spec), KVCacheGroupSpec(["b"], spec)],
     )
-    with pytest.raises(NotSupportedError, match="2 .*vLLM's OffloadingConnector"):
+    with pytest.raises(NotSupportedError, match=r"2 .*vLLM's OffloadingConnector"):
         ConnectorSettings.from_vllm(rig.vllm_config, two_groups)
 
 
@@ -90,7 +92,7 @@ def test_stats_aggregate_and_rebuild():
 
 
 class _Counter:
-    made: dict[str, _Counter] = {}
+    made: ClassVar[dict[str, _Counter]] = {}
 
     def __init__(self, name, documentation, labelnames):
         self.name, self.values = name, {}

@@ -21,8 +21,20 @@ fn ids<K: AsRef<[u8]>>(keys: impl IntoIterator<Item = K>) -> Vec<u8> {
 }
 
 fn store(s: &mut Store, keys: &[u8]) -> StorePlan {
+    store_in(s, keys, None)
+}
+
+fn store_ranked(s: &mut Store, keys: &[u8], rank: u64, first_position: i64) -> StorePlan {
+    let batch = RankedBatch {
+        rank,
+        first_position,
+    };
+    store_in(s, keys, Some(batch))
+}
+
+fn store_in(s: &mut Store, keys: &[u8], batch: Option<RankedBatch>) -> StorePlan {
     let plan = s
-        .prepare_store(&ks(keys))
+        .prepare_store_ranked(&ks(keys), batch)
         .unwrap()
         .expect("room for the keys");
     let written: Vec<Vec<u8>> = plan.indices.iter().map(|&i| k(keys[i as usize])).collect();
@@ -254,21 +266,6 @@ fn reset_drops_ready_keys_now_and_busy_keys_when_released() {
         (0, 0, 0, 0)
     );
     assert_eq!(order(&s), vec![Vec::<u8>::new()]);
-}
-
-fn store_ranked(s: &mut Store, keys: &[u8], rank: u64, first_position: i64) -> StorePlan {
-    let batch = RankedBatch {
-        rank,
-        first_position,
-    };
-    let plan = s
-        .prepare_store_ranked(&ks(keys), Some(batch))
-        .unwrap()
-        .expect("room for the keys");
-    let written: Vec<Vec<u8>> = plan.indices.iter().map(|&i| k(keys[i as usize])).collect();
-    s.complete_store(&written, true).unwrap();
-    s.check_invariants();
-    plan
 }
 
 /// vLLM 0.33's LRU order: a request's keys sort by the rank it drew when it first used the
