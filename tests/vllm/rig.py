@@ -122,6 +122,9 @@ class Rig:
     tpb: int = TPB
     verify: bool = True
     """Write and check KV for every position (off only in benchmarks, where it dominates)."""
+    spec_decode_order: bool = False
+    """Collect the worker's results before `wait_for_save`, as vLLM's runners do with
+    speculative decoding (they finalize after the drafter)."""
     tokens: dict[str, list[int]] = field(default_factory=dict)
     step: int = 0
     stores: list[StoreRecord] = field(default_factory=list)
@@ -217,7 +220,8 @@ class Rig:
         req_ids, sampled = self._forward(so)
         if not so.has_sync_kv_loads:
             w.start_load_kv(None)
-        w.wait_for_save()
+        if not self.spec_decode_order:
+            w.wait_for_save()
         results = w.get_transfer_results(so.finished_req_ids)
         if results.finished_sending:
             self.finished_sending.append((self.step, set(results.finished_sending)))
@@ -229,6 +233,8 @@ class Rig:
             kv_connector_stats=w.get_kv_connector_stats(),
             kv_connector_worker_meta=w.build_connector_worker_meta(),
         )
+        if self.spec_decode_order:
+            w.wait_for_save()
         w.clear_connector_metadata()
         return ModelRunnerOutput(
             req_ids=req_ids,

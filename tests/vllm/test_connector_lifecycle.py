@@ -109,6 +109,72 @@ def test_finished_request_keeps_its_blocks_until_its_store_is_done(model_dir, is
     assert rig.load_of("c").num_tokens == 24
 
 
+@pytest.mark.parametrize("spec_decode_order", [False, True])
+def test_a_final_store_holds_the_blocks_until_it_ran(model_dir, spec_decode_order):
+    """A tier of 2 chunks kept full by stores in flight (results held back until step
+    `release`) refuses a's offers while it runs, so a's last chunks are stored only when it
+    has finished: in the metadata that also lists "a" in held_request_ids. The workers must not
+    report "a" (vLLM would free its blocks) before that store ran, also when vLLM collects
+    results before wait_for_save (speculative decoding)."""
+    finals = 0
+    for release in range(2, 9):
+        rig = make_rig(
+            model_dir, cpu_chunks=2, num_gpu_blocks=17, extra={"offload_prompt_only": False}
+        )
+        rig.spec_decode_order = spec_decode_order
+        stall = Stall(rig)
+        seen = {}
+
+        def watch(rig, so, release=release, stall=stall, seen=seen):
+            meta = so.kv_connector_metadata
+            stall.on = rig.step < release
+            if "a" in meta.held_request_ids:
+                seen["held_step"] = rig.step
+                seen["final"] = [j for j in meta.stores if j.request_id == "a"]
+
+        rig.before_worker = watch
+        rig.add("x", prompt(3, 24), 30)
+        rig.add("a", prompt(1, 20), 5)
+        rig.run()
+        sent_at = {rid: step for step, ids in rig.finished_sending for rid in ids}
+        assert "held_step" in seen and "a" in sent_at
+        if seen["final"]:
+            finals += 1
+            assert sent_at["a"] > seen["held_step"]
+    assert finals  # some release step left a final store
+
+
+def test_readmitted_in_the_preempting_step_keeps_its_new_blocks(model_dir, is_async):
+    """vLLM's reset of running requests preempts "b" and readmits it in the same schedule; its
+    later stores must copy the blocks of its new table (a third request loads them)."""
+    rig = make_rig(model_dir, is_async=is_async, extra={"offload_prompt_only": False})
+    rig.add("b", prompt(2, 24), 40, {"max_load_tokens": 0})
+    for _ in range(4):
+        so = rig.scheduler.schedule()
+        rig._apply(so, rig._execute(so))
+    assert rig.scheduler.reset_prefix_cache(reset_running_requests=True)
+    rig.run()
+    assert any(rig.scheduled[i].get("b") for i in range(4, len(rig.scheduled)))
+    rig.reset_gpu_prefix_cache()
+    rig.add("c", rig.tokens["b"][:60], 1)
+    rig.run()
+    assert rig.load_of("c").num_tokens == 60  # and the rig checked every loaded byte
+
+
+def test_reset_cache_mid_run_stores_running_requests_again(model_dir, is_async):
+    rig = make_rig(model_dir, is_async=is_async)
+    rig.add("a", prompt(3, 48), 20)
+    for _ in range(3):
+        so = rig.scheduler.schedule()
+        rig._apply(so, rig._execute(so))
+    assert rig.scheduler.reset_connector_cache()  # the CPU tier only: "a" keeps running
+    rig.run()
+    rig.reset_gpu_prefix_cache()
+    rig.add("b", [*prompt(3, 48), 5], 1)
+    rig.run()
+    assert rig.load_of("b").num_tokens == 48  # a offered its prompt again after the reset
+
+
 def test_preempted_request_flushes_its_stores_and_reloads_on_readmission(model_dir, is_async):
     """16 usable GPU blocks; "a" and "b" (24-token prompts, 40 output tokens) outgrow them and
     "b" is preempted while its prompt store is in flight (the worker's results are held back

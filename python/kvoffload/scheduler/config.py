@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvoffload.errors import ConfigError, NotSupportedError
-from kvoffload.store import POLICY_NAMES
+from kvoffload.store import MAX_SLOTS, POLICY_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,11 @@ class OffloadConfig:
                 f"bytes_per_chunk={bytes_per_chunk!r} is invalid: expected an int >= 1"
             )
         n = self.cpu_bytes_to_use // bytes_per_chunk
+        if n > MAX_SLOTS:
+            raise ConfigError(
+                f"cpu_bytes_to_use={self.cpu_bytes_to_use} makes {n} chunks of {bytes_per_chunk} "
+                f"bytes; at most {MAX_SLOTS} are supported: use larger chunks (block_size)"
+            )
         if n < 1:
             raise ConfigError(
                 f"cpu_bytes_to_use={self.cpu_bytes_to_use} holds no chunk: one chunk takes "

@@ -375,6 +375,23 @@ class OffloadScheduler:
         failed = job.gpu_block_ids if job.kind == "load" and not success else _NO_BLOCKS
         return JobResult(job_id, job.request_id, job.kind, success, failed, released)
 
+    def reset(self) -> None:
+        """Empties the CPU tier (`CpuStore.reset`) and starts every live request's stores over:
+        each offers its chunks again from the first, with a new rank."""
+        self.store.reset()
+        for req in self._requests.values():
+            req.stored_chunks = 0
+            req.rank = None
+
+    def is_loading(self, request_id: str) -> bool:
+        """Whether a load of the request is in flight (it is waiting for its KV)."""
+        req = self._requests.get(request_id)
+        return req is not None and any(self._jobs[j].kind == "load" for j in req.jobs)
+
+    @property
+    def has_jobs_in_flight(self) -> bool:
+        return bool(self._jobs)
+
     def stats(self) -> SchedulerStats:
         """A snapshot of the counters."""
         return dataclasses.replace(self._stats, ignored_params=dict(self._stats.ignored_params))

@@ -19,8 +19,8 @@ class KVOffloadMetadata(KVConnectorMetadata):
     loads: list[LoadJob] = field(default_factory=list)
     stores: list[StoreJob] = field(default_factory=list)
     flush_job_ids: list[int] = field(default_factory=list)
-    """Jobs to wait for before this step's forward pass: their GPU blocks were reallocated, or
-    their request was preempted."""
+    """Jobs of requests preempted in this step, whose GPU blocks this step may hand out: wait for
+    them before its forward pass."""
     held_request_ids: list[str] = field(default_factory=list)
     """Finished requests whose GPU blocks vLLM keeps until each worker reports them in
     `finished_sending` (once their stores are done)."""
@@ -34,6 +34,7 @@ class KVOffloadWorkerMetadata(KVConnectorWorkerMetadata):
     results: dict[int, tuple[int, bool]] = field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVOffloadWorkerMetadata:
+        """Both objects' reports: counts add up, a job is ok only if every report says so."""
         assert isinstance(other, KVOffloadWorkerMetadata)
         merged = dict(self.results)
         for job_id, (count, ok) in other.results.items():

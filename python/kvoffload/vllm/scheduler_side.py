@@ -34,10 +34,10 @@ class SchedulerSide:
             settings.config, settings.bytes_per_chunk, enable_events=settings.enable_events
         )
         self._requests: dict[str, Request] = {}
-        self._loading: set[str] = set()
-        """Requests with an asynchronous load in flight (vLLM itself frees their blocks)."""
-        self._reports: dict[int, tuple[int, bool]] = {}
-        """Jobs some but not all workers reported: `job_id -> (workers, all ok)`."""
+        self._reports = KVOffloadWorkerMetadata()
+        """Jobs some but not all workers reported."""
+        self._allocated: set[str] = set()
+        """Requests given GPU blocks in this step (update_state_after_alloc)."""
         self._finishing: dict[str, RequestUpdate] = {}
         """Finished requests, ended in the next build_connector_meta (as vLLM's connector does)."""
         # This step's output, handed to the workers by build_connector_meta.
@@ -81,9 +81,9 @@ class SchedulerSide:
     ) -> None:
         (block_ids,) = blocks.get_block_ids()
         load = self.scheduler.on_allocated(request.request_id, block_ids, num_external_tokens)
+        self._allocated.add(request.request_id)
         if load is not None:
             self._loads.append(load)
-            self._loading.add(request.request_id)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVOffloadMetadata:
         # Which in-flight jobs must finish before this step's forward pass: those of requests
@@ -92,8 +92,11 @@ class SchedulerSide:
         # stores are reported (request_finished), and a loading one until its load is.
         flush: list[int] = []
         for rid in scheduler_output.preempted_req_ids or ():
-            if self.scheduler.has_request(rid):
+            # One preempted and given new blocks in this very step (a reset of running requests)
+            # had no jobs (its lookup would have waited), and its new table stands.
+            if self.scheduler.has_request(rid) and rid not in self._allocated:
                 flush.extend(self.scheduler.preempt_request(rid))
+        self._allocated = set()
         # Requests in vLLM's order (running, then new), so that the store decides as vLLM's does.
         blocks = {rid: (g, full) for rid, g, full in yield_req_data(scheduler_output)}
         updates = []
@@ -127,15 +130,12 @@ class SchedulerSide:
         meta = output.kv_connector_worker_meta
         if not isinstance(meta, KVOffloadWorkerMetadata):
             return
-        for job_id, (count, ok) in meta.results.items():
-            seen, all_ok = self._reports.pop(job_id, (0, True))
-            seen, all_ok = seen + count, all_ok and ok
-            if seen < self.settings.world_size:
-                self._reports[job_id] = (seen, all_ok)
-                continue
-            result = self.scheduler.complete_job(job_id, all_ok)
-            if result.kind == "load":
-                self._loading.discard(result.request_id)
+        reports = self._reports.aggregate(meta).results
+        for job_id, (count, ok) in list(reports.items()):
+            if count >= self.settings.world_size:
+                del reports[job_id]
+                self.scheduler.complete_job(job_id, ok)
+        self._reports = KVOffloadWorkerMetadata(reports)
 
     def request_finished(self, request: Request) -> bool:
         """Whether vLLM must keep the request's GPU blocks until the workers report it in
@@ -154,7 +154,7 @@ class SchedulerSide:
         self._finishing[rid] = final
         # A request still loading is waiting for its KV: vLLM holds its blocks until the load is
         # reported in finished_recving, and would free them twice if we held them too.
-        hold = rid not in self._loading and self.scheduler.would_hold_blocks(rid, final)
+        hold = not self.scheduler.is_loading(rid) and self.scheduler.would_hold_blocks(rid, final)
         if hold:
             self._held.append(rid)
         return hold
@@ -184,8 +184,8 @@ class SchedulerSide:
         return None if stats.is_empty() else stats
 
     def reset_cache(self) -> bool:
-        self.scheduler.store.reset()
+        self.scheduler.reset()
         return True
 
     def has_pending_push_work(self) -> bool:
-        return bool(self.scheduler.jobs_in_flight)
+        return self.scheduler.has_jobs_in_flight

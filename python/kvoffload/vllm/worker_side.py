@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import torch
 
+from kvoffload.errors import ConfigError
 from kvoffload.scheduler import LoadJob, StoreJob
 from kvoffload.transfer import TransferEngine
 from kvoffload.vllm.metadata import KVOffloadMetadata, KVOffloadWorkerMetadata
@@ -35,7 +36,7 @@ class WorkerSide:
         self._jobs: dict[int, LoadJob | StoreJob] = {}
         """Submitted and not yet reported."""
         self._deferred: list[StoreJob] = []
-        """Stores of the last step, submitted when the next one starts."""
+        """Stores of the current step, submitted when the next one starts."""
         self._held: set[str] = set()
         self._results: dict[int, tuple[int, bool]] = {}
         self._recving: set[str] = set()
@@ -50,12 +51,18 @@ class WorkerSide:
                 seen.add(tensor.data_ptr())
                 unique[name] = tensor
         first = next(iter(unique.values()))
-        self.engine = TransferEngine(
-            unique,
-            num_slots=self.settings.num_slots,
-            blocks_per_chunk=self.settings.config.blocks_per_chunk,
-            block_dim=block_dim_of(first, num_blocks),
-        )
+        try:
+            self.engine = TransferEngine(
+                unique,
+                num_slots=self.settings.num_slots,
+                blocks_per_chunk=self.settings.config.blocks_per_chunk,
+                block_dim=block_dim_of(first, num_blocks),
+            )
+        except (RuntimeError, MemoryError) as exc:
+            raise ConfigError(
+                f"cpu_bytes_to_use={self.settings.config.cpu_bytes_to_use}: this worker could not "
+                f"allocate its CPU pool of {self.settings.num_slots} chunks ({exc})"
+            ) from exc
         if self.engine.layout.block_bytes != self.settings.worker_block_bytes:
             logger.warning(
                 "kvoffload: the registered KV caches hold %d bytes per GPU block, vLLM's config "
@@ -67,10 +74,17 @@ class WorkerSide:
             )
 
     def handle_preemptions(self, meta: KVOffloadMetadata) -> None:
-        """The first hook of every step, before its forward pass: submits the last step's stores
-        and waits for the jobs whose blocks this step may overwrite."""
+        """The first hook of every step, before its forward pass: submits the last step's stores,
+        waits for the jobs whose blocks this step may overwrite, and takes this step's stores.
+
+        A store is submitted at the start of the step after the one that computed its KV (it then
+        waits on the compute stream, so it reads only what that forward pass wrote), not at the
+        end of that step: the copies would compete with the transfer of its sampled tokens
+        (vLLM's connector defers them the same way). They are taken here, not in
+        `wait_for_save`, so that this step's results, which vLLM may collect before
+        `wait_for_save` (speculative decoding), already count them as in flight."""
         self._held.update(meta.held_request_ids)
-        deferred, self._deferred = self._deferred, []
+        deferred, self._deferred = self._deferred, list(meta.stores)
         for job in deferred:
             self._submit(job)
         if meta.flush_job_ids:
@@ -79,12 +93,6 @@ class WorkerSide:
     def start_loads(self, meta: KVOffloadMetadata) -> None:
         for job in meta.loads:
             self._submit(job)
-
-    def defer_stores(self, meta: KVOffloadMetadata) -> None:
-        # Submitted at the next step's start (each then waits on the compute stream, so it reads
-        # only KV the forward pass wrote), not now: the copies would compete with the transfer
-        # of this step's sampled tokens (vLLM's connector defers them the same way).
-        self._deferred.extend(meta.stores)
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         for result in self._engine().get_finished():

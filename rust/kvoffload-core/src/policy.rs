@@ -259,6 +259,15 @@ impl Policy {
         }
     }
 
+    /// Under LRU, the first slot ordered by another rank than the one its node holds.
+    pub(crate) fn rank_mismatch<N: PolicyNode>(&self, nodes: &[N]) -> Option<u32> {
+        let r = self.ranked.as_ref()?;
+        r.order
+            .iter()
+            .find(|&&(rank, i)| nodes[i as usize].rank() != rank)
+            .map(|&(_, i)| i)
+    }
+
     pub(crate) fn num_lists(&self) -> u8 {
         if self.kind == PolicyKind::Arc {
             2

@@ -800,6 +800,9 @@ impl Store {
             in_lists, live_slots,
             "policy lists hold every live slot once"
         );
+        if let Some(s) = self.policy.rank_mismatch(&self.entries) {
+            panic!("slot {s} is ordered by a stale rank");
+        }
         assert!(
             self.policy.ghost_count() <= self.num_slots() as usize,
             "ghosts exceed capacity"
