@@ -17,8 +17,8 @@ $(VENV)/.base:
 	$(PY) -m pip install -q --upgrade pip 'maturin>=1.5,<2'
 	touch $@
 
-# Everything else `make test` needs, vLLM included, in one resolver pass (so torch is fetched
-# once, at vLLM's pin). Re-runs when the dev requirements change.
+# Everything else `make test` needs, vllm included (requirements-dev.txt), in one resolver pass
+# (so torch is fetched once, at vLLM's pin). Re-runs when the dev requirements change.
 $(VENV)/.deps: requirements-dev.txt $(VENV)/.base
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
