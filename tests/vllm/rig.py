@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -456,7 +456,3 @@ def stored_chunks(rig: Rig) -> int:
 
 def prompt(seed: int, n: int) -> list[int]:
     return [(seed * 131 + i * 17) % 800 + 100 for i in range(n)]
-
-
-def all_step_ids(metas: Iterable[Any], attr: str) -> list[int]:
-    return [i for m in metas for i in getattr(m, attr)]
