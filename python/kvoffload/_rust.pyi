@@ -1,5 +1,5 @@
 # Hand-written stub for the PyO3 extension; `mypy.stubtest kvoffload._rust` checks it matches.
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import final
 
 __all__ = [
@@ -59,14 +59,22 @@ class Store:
     @property
     def events_enabled(self) -> bool: ...
     def prepare_store(
-        self, keys: _Keys, rank: int | None = None, first_position: int = 0
+        self,
+        keys: _Keys,
+        rank: int | None = None,
+        first_position: int = 0,
+        positions: Sequence[int] | None = None,
     ) -> tuple[list[bytes] | KeyList, bytes, bytes, list[bytes]] | None: ...
     def complete_store(self, keys: _Keys, success: bool = True) -> None: ...
     def lookup_prefix(self, keys: _Keys) -> tuple[int, bool]: ...
     def lookup(self, keys: _Keys) -> bytes: ...
     def first_pinned(self, keys: _Keys) -> int: ...
     def prepare_load(
-        self, keys: _Keys, rank: int | None = None, first_position: int = 0
+        self,
+        keys: _Keys,
+        rank: int | None = None,
+        first_position: int = 0,
+        positions: Sequence[int] | None = None,
     ) -> bytes: ...
     def new_rank(self) -> int: ...
     def complete_load(self, keys: _Keys) -> None: ...

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
@@ -144,7 +144,12 @@ class CpuStore:
         return self._inner.new_rank()
 
     def prepare_store(
-        self, keys: Keys, *, rank: int | None = None, first_position: int = 0
+        self,
+        keys: Keys,
+        *,
+        rank: int | None = None,
+        first_position: int = 0,
+        positions: Sequence[int] | None = None,
     ) -> StorePlan | None:
         """Reserves slots for the keys that are neither pending nor ready (duplicates count once),
         evicting unpinned ready keys if needed; keys of this batch are never evicted for it.
@@ -154,8 +159,11 @@ class CpuStore:
         `first_position + j` of it: under `lru` a request's keys then leave as one group, ordered
         by the rank it drew, tails before heads, across all its calls (vLLM 0.33's LRU); new keys
         take that place and ready keys of the batch move up to it if they sort below it (also
-        when the call is refused). Without a rank, new keys are the most recent."""
-        out = self._inner.prepare_store(keys, rank, first_position)
+        when the call is refused). Without a rank, new keys are the most recent.
+        `positions` (one per key) replaces `first_position + j` when a call's keys are not
+        consecutive; a negative one means "no position": a new key then takes a plain use and a
+        resident one stays where it is."""
+        out = self._inner.prepare_store(keys, rank, first_position, positions)
         if out is None:
             return None
         to_write, indices, slots, evicted = out
@@ -180,12 +188,17 @@ class CpuStore:
         return np.frombuffer(self._inner.lookup(keys), dtype=_UINT8)
 
     def prepare_load(
-        self, keys: Keys, *, rank: int | None = None, first_position: int = 0
+        self,
+        keys: Keys,
+        *,
+        rank: int | None = None,
+        first_position: int = 0,
+        positions: Sequence[int] | None = None,
     ) -> npt.NDArray[np.int64]:
         """Pins every key (all must be ready) for a load and returns their slots. With a `rank`,
         each key moves up to its place in that request's group if it sorts below it (see
         `prepare_store`)."""
-        return _int64s(self._inner.prepare_load(keys, rank, first_position))
+        return _int64s(self._inner.prepare_load(keys, rank, first_position, positions))
 
     def complete_load(self, keys: Keys) -> None:
         """Unpins every key once (each must be pinned as often as it is listed)."""

@@ -21,4 +21,4 @@ pub use events::{Event, EventKind};
 pub use key::{validate_keys, MAX_KEY_LEN};
 pub use keybuf::KeyBuf;
 pub use policy::{PolicyKind, Rank, POLICY_NAMES};
-pub use store::{KeyStatus, RankedBatch, Stats, Store, StorePlan, MAX_SLOTS};
+pub use store::{KeyStatus, Positions, RankedBatch, Stats, Store, StorePlan, MAX_SLOTS};

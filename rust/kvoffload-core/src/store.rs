@@ -120,17 +120,42 @@ impl PolicyNode for Entry {
 }
 
 /// Where one call's keys belong in LRU order: they are used by the request of `rank` (from
-/// `Store::new_rank`), key `j` of the call at position `first_position + j` of that request.
-/// Ignored under ARC.
+/// `Store::new_rank`), each at its position in that request. Ignored under ARC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RankedBatch {
+pub struct RankedBatch<'a> {
     pub rank: u64,
-    pub first_position: i64,
+    pub positions: Positions<'a>,
 }
 
-impl RankedBatch {
-    fn rank_at(batch: Option<RankedBatch>, j: usize) -> Option<Rank> {
-        batch.map(|b| Rank::at(b.rank, b.first_position.saturating_add(j as i64)))
+/// The positions of a call's keys in their request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Positions<'a> {
+    /// Key `j` is at `first + j`.
+    From(i64),
+    /// Key `j` is at `each[j]` (one per key); a negative value means the key has no position: a
+    /// new key then takes a plain use of its own, and a resident one is left where it is.
+    Each(&'a [i64]),
+}
+
+impl RankedBatch<'_> {
+    fn rank_at(batch: Option<RankedBatch<'_>>, j: usize) -> Option<Rank> {
+        let b = batch?;
+        let position = match b.positions {
+            Positions::From(first) => first.saturating_add(j as i64),
+            Positions::Each(each) => each[j],
+        };
+        (position >= 0).then(|| Rank::at(b.rank, position))
+    }
+
+    fn check(batch: Option<RankedBatch<'_>>, num_keys: usize) -> Result<()> {
+        match batch.map(|b| b.positions) {
+            Some(Positions::Each(each)) if each.len() != num_keys => Err(Error::InvalidArgument {
+                name: "positions",
+                value: format!("<{} values for {num_keys} keys>", each.len()),
+                allowed: "one position per key",
+            }),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -344,9 +369,10 @@ impl Store {
     pub fn prepare_store_ranked<K: AsRef<[u8]>>(
         &mut self,
         keys: &[K],
-        batch: Option<RankedBatch>,
+        batch: Option<RankedBatch<'_>>,
     ) -> Result<Option<StorePlan>> {
         validate_keys(keys)?;
+        RankedBatch::check(batch, keys.len())?;
         let mut found = Vec::with_capacity(keys.len());
         self.scan(keys, |_, hash, slot| {
             found.push((hash, slot));
@@ -592,8 +618,9 @@ impl Store {
     pub fn prepare_load_ranked<K: AsRef<[u8]>>(
         &mut self,
         keys: &[K],
-        batch: Option<RankedBatch>,
+        batch: Option<RankedBatch<'_>>,
     ) -> Result<Vec<u32>> {
+        RankedBatch::check(batch, keys.len())?;
         let slots = self.resolve(keys, "prepare_load", "ready", |e| {
             e.state == State::Ready && e.live()
         })?;

@@ -2,7 +2,7 @@
 //! events each step must produce.
 
 use kvoffload_core::{
-    Error, Event, EventKind, KeyBuf, KeyStatus, PolicyKind, RankedBatch, Store, StorePlan,
+    Error, Event, EventKind, KeyBuf, KeyStatus, PolicyKind, Positions, RankedBatch, Store, StorePlan,
 };
 
 fn k(id: u8) -> Vec<u8> {
@@ -27,7 +27,7 @@ fn store(s: &mut Store, keys: &[u8]) -> StorePlan {
 fn store_ranked(s: &mut Store, keys: &[u8], rank: u64, first_position: i64) -> StorePlan {
     let batch = RankedBatch {
         rank,
-        first_position,
+        positions: Positions::From(first_position),
     };
     store_in(s, keys, Some(batch))
 }
@@ -292,7 +292,7 @@ fn lru_ranked_walk() {
     let c = s.new_rank();
     let batch = RankedBatch {
         rank: c,
-        first_position: 0,
+        positions: Positions::From(0),
     };
     s.prepare_load_ranked(&ks(&[20]), Some(batch)).unwrap();
     s.complete_load(&ks(&[20])).unwrap();
@@ -303,7 +303,7 @@ fn lru_ranked_walk() {
     // A key already above a rank stays where it is (a is older than c).
     let old = RankedBatch {
         rank: a,
-        first_position: 0,
+        positions: Positions::From(0),
     };
     s.prepare_load_ranked(&ks(&[20]), Some(old)).unwrap();
     s.complete_load(&ks(&[20])).unwrap();
@@ -317,7 +317,7 @@ fn lru_ranked_walk() {
             &ks(&[11, 40]),
             Some(RankedBatch {
                 rank: e,
-                first_position: 0,
+                positions: Positions::From(0),
             }),
         )
         .unwrap();
@@ -325,5 +325,44 @@ fn lru_ranked_walk() {
     s.complete_load(&ks(&[14, 13, 12, 11, 10, 22, 21, 20]))
         .unwrap();
     assert_eq!(order(&s), vec![vec![14, 13, 12, 10, 22, 21, 20, 11]]);
+    s.check_invariants();
+}
+
+#[test]
+fn lru_positions_per_key() {
+    let mut s = Store::new(8, PolicyKind::Lru, false).unwrap();
+    let a = s.new_rank();
+    // Positions out of offer order (a backfill), and 12 without one: it takes a plain use,
+    // newer than a's whole group.
+    let each = [48, 16, -1, 32];
+    let batch = RankedBatch {
+        rank: a,
+        positions: Positions::Each(&each),
+    };
+    store_in(&mut s, &[10, 11, 12, 13], Some(batch));
+    assert_eq!(order(&s), vec![vec![10, 13, 11, 12]]);
+    // A later request re-offers 11 with a position (raised) and 13 without one (left alone).
+    let b = s.new_rank();
+    let each = [16, -1, 64];
+    let batch = RankedBatch {
+        rank: b,
+        positions: Positions::Each(&each),
+    };
+    store_in(&mut s, &[11, 13, 14], Some(batch));
+    assert_eq!(order(&s), vec![vec![10, 13, 12, 14, 11]]);
+    // One position per key, or the call is refused and changes nothing.
+    let short = [1, 2];
+    let bad = RankedBatch {
+        rank: b,
+        positions: Positions::Each(&short),
+    };
+    let err = s.prepare_store_ranked(&ks(&[15, 16, 17]), Some(bad)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "positions=<2 values for 3 keys> is invalid; allowed: one position per key"
+    );
+    assert!(s.prepare_load_ranked(&ks(&[10]), Some(bad)).is_err());
+    assert_eq!(s.stats().pinned, 0);
+    assert_eq!(order(&s), vec![vec![10, 13, 12, 14, 11]]);
     s.check_invariants();
 }

@@ -2,7 +2,7 @@
 
 use crate::errors::{to_py, KVOffloadError};
 use crate::keys::{bytes_list, int64_bytes, KeyArg};
-use kvoffload_core::{Error, EventKind, PolicyKind, RankedBatch};
+use kvoffload_core::{Error, EventKind, PolicyKind, Positions, RankedBatch};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::{Mutex, MutexGuard};
@@ -64,13 +64,14 @@ impl Store {
     /// view was offered), `indices` their positions in the offer and `slots` their
     /// slots (both int64 bytes).
     #[allow(clippy::type_complexity)]
-    #[pyo3(signature = (keys, rank = None, first_position = 0))]
+    #[pyo3(signature = (keys, rank = None, first_position = 0, positions = None))]
     fn prepare_store<'py>(
         &self,
         py: Python<'py>,
         keys: &Bound<'py, PyAny>,
         rank: Option<u64>,
         first_position: i64,
+        positions: Option<Vec<i64>>,
     ) -> PyResult<
         Option<(
             Bound<'py, PyAny>,
@@ -80,7 +81,7 @@ impl Store {
         )>,
     > {
         let arg = KeyArg::extract(keys)?;
-        let batch = ranked(rank, first_position);
+        let batch = ranked(rank, first_position, positions.as_deref());
         let Some(plan) = self.with_keys(py, &arg, |s, k| s.prepare_store_ranked(k, batch))? else {
             return Ok(None);
         };
@@ -123,15 +124,16 @@ impl Store {
         Ok(PyBytes::new(py, &raw))
     }
 
-    #[pyo3(signature = (keys, rank = None, first_position = 0))]
+    #[pyo3(signature = (keys, rank = None, first_position = 0, positions = None))]
     fn prepare_load<'py>(
         &self,
         py: Python<'py>,
         keys: &Bound<'py, PyAny>,
         rank: Option<u64>,
         first_position: i64,
+        positions: Option<Vec<i64>>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let batch = ranked(rank, first_position);
+        let batch = ranked(rank, first_position, positions.as_deref());
         let slots = self.with_keys(py, &KeyArg::extract(keys)?, |s, k| {
             s.prepare_load_ranked(k, batch)
         })?;
@@ -204,9 +206,9 @@ impl Store {
     }
 }
 
-fn ranked(rank: Option<u64>, first_position: i64) -> Option<RankedBatch> {
+fn ranked(rank: Option<u64>, first_position: i64, each: Option<&[i64]>) -> Option<RankedBatch<'_>> {
     rank.map(|rank| RankedBatch {
         rank,
-        first_position,
+        positions: each.map_or(Positions::From(first_position), Positions::Each),
     })
 }
