@@ -64,7 +64,9 @@ class TransferEngine:
     copied (for a load: they are already on the GPU, because the local prefix cache ends inside
     that chunk), so `gpu_block_ids` lists the remaining `len(slots) * blocks_per_chunk - s` blocks
     and `gpu_block_ids[j]` is block `s + j` of the job. A store with a skip leaves the first
-    slot's pages of its first `s` blocks as they were.
+    slot's pages of its first `s` blocks as they were. Likewise a job may end inside its last
+    chunk (vLLM's partial tails): it then lists fewer blocks, at least one per slot, and the last
+    slot's remaining pages are not copied either way.
 
     Each direction has one CUDA stream, so jobs of one direction finish in submission order. A job
     first makes its stream wait for the work queued so far on the compute stream

@@ -126,12 +126,16 @@ def check_job(
             f"skip_leading_blocks={skip_leading_blocks!r} is invalid; allowed: 0..{bpc - 1} "
             f"(blocks_per_chunk={bpc}), and 0 when there are no slots"
         )
-    expected = len(slot_ids) * bpc - skip
-    if len(gpu_ids) != expected:
+    # Every slot gets at least one block: only the first chunk may start late (the skip) and
+    # only the last may end early (a partial tail).
+    most = len(slot_ids) * bpc - skip
+    least = max(1, most - bpc + 1) if len(slot_ids) else 0
+    if not least <= len(gpu_ids) <= most:
         raise ValueError(
             f"len(gpu_block_ids)={len(gpu_ids)} does not match len(slots)={len(slot_ids)}: "
             f"expected len(slots) * blocks_per_chunk - skip_leading_blocks = "
-            f"{len(slot_ids)} * {bpc} - {skip} = {expected}"
+            f"{len(slot_ids)} * {bpc} - {skip} = {most}, or down to {least} when the last "
+            f"chunk is partial"
         )
     # A destination written twice in one job would depend on copy order; sources may repeat.
     dest_name, dest = ("slots", slot_ids) if store else ("gpu_block_ids", gpu_ids)
@@ -146,7 +150,8 @@ def check_job(
 
 def plan_copies(g: Geometry, slots: Ids, gpu_ids: Ids, skip: int, path: CopyPath) -> CopyPlan:
     """The copies of a validated job: GPU block `gpu_ids[j]` is block `skip + j` of the job, i.e.
-    block `(skip + j) % blocks_per_chunk` of chunk `slots[(skip + j) // blocks_per_chunk]`."""
+    block `(skip + j) % blocks_per_chunk` of chunk `slots[(skip + j) // blocks_per_chunk]`; the
+    pages of a partial first or last chunk that no block maps to are not copied."""
     no_chunks = np.empty((0, g.blocks_per_chunk), dtype=np.int64)
     blocks = _blocks(g, slots, gpu_ids, skip)
     if path == "per_block":
@@ -154,10 +159,22 @@ def plan_copies(g: Geometry, slots: Ids, gpu_ids: Ids, skip: int, path: CopyPath
     total = len(gpu_ids) * len(g.strides) * g.page
     if path == "direct" or (path == "auto" and total >= g.min_direct_run * _num_runs(g, blocks)):
         return CopyPlan(_runs(g, blocks, merge=True), no_chunks, [])
-    # The partial first chunk (if any) is small: it is copied directly, full chunks in batches.
-    head = (g.blocks_per_chunk - skip) % g.blocks_per_chunk
-    head_runs = _runs(g, _blocks(g, slots[:1], gpu_ids[:head], skip), merge=True) if head else []
-    full_slots = slots[1:] if head else slots
+    # A partial first or last chunk is small: it is copied directly, full chunks in batches.
+    bpc = g.blocks_per_chunk
+    head = min(len(gpu_ids), bpc - skip) if skip else 0
+    full = (len(gpu_ids) - head) // bpc
+    body = slice(head, head + full * bpc)
+    full_slots = slots[1 if skip else 0 :][:full]
+    edges = [
+        (slots[:1], gpu_ids[:head], skip),
+        (slots[len(slots) - 1 :], gpu_ids[body.stop :], 0),
+    ]
+    edge_runs = [
+        run
+        for edge_slots, edge_ids, edge_skip in edges
+        if len(edge_ids)
+        for run in _runs(g, _blocks(g, edge_slots, edge_ids, edge_skip), merge=True)
+    ]
     batches = []
     for first in range(0, len(full_slots), g.staging_chunks):
         batch = full_slots[first : first + g.staging_chunks]
@@ -166,7 +183,7 @@ def plan_copies(g: Geometry, slots: Ids, gpu_ids: Ids, skip: int, path: CopyPath
         offsets = g.slot_offsets(batch[starts])
         slot_runs = list(zip(starts.tolist(), offsets.tolist(), counts.tolist(), strict=True))
         batches.append(Batch(first, len(batch), slot_runs))
-    return CopyPlan(head_runs, gpu_ids[head:].reshape(-1, g.blocks_per_chunk), batches)
+    return CopyPlan(edge_runs, gpu_ids[body].reshape(-1, bpc), batches)
 
 
 class _Blocks(NamedTuple):
