@@ -29,3 +29,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(params=[False, True], ids=["sync", "async"])
 def is_async(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
+
+
+@pytest.fixture(params=["kvoffload", "spec"])
+def seam(request: pytest.FixtureRequest) -> str:
+    """Our connector end to end, or our manager and worker inside vLLM's OffloadingConnector."""
+    return str(request.param)

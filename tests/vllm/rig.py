@@ -113,6 +113,18 @@ class StoreRecord:
 
 
 @dataclass
+class LoadRecord:
+    """A load job, whichever seam issued it."""
+
+    request_id: str
+    gpu_block_ids: list[int]
+    first_chunk: int
+    skip_leading_blocks: int
+    num_tokens: int
+    """Tokens the load writes (its GPU blocks)."""
+
+
+@dataclass
 class Rig:
     scheduler: Scheduler
     worker: Any
@@ -127,8 +139,9 @@ class Rig:
     speculative decoding (they finalize after the drafter)."""
     tokens: dict[str, list[int]] = field(default_factory=dict)
     step: int = 0
+    bpc: int = BPC
     stores: list[StoreRecord] = field(default_factory=list)
-    loads: list[Any] = field(default_factory=list)
+    loads: list[LoadRecord] = field(default_factory=list)
     metas: list[Any] = field(default_factory=list)
     outputs: dict[str, list[int]] = field(default_factory=dict)
     external_hits: dict[str, int] = field(default_factory=dict)
@@ -138,6 +151,7 @@ class Rig:
     checked_positions: dict[str, int] = field(default_factory=dict)
     before_worker: Callable[[Rig, SchedulerOutput], None] | None = None
     _pending: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
+    _tables: dict[str, list[int]] = field(default_factory=dict)
 
     # --- requests -------------------------------------------------------------------------------
 
@@ -186,7 +200,7 @@ class Rig:
     def offsets_stored(self, rid: str) -> set[int]:
         return {o for s in self.stores if s.request_id == rid for o in s.block_offsets}
 
-    def load_of(self, rid: str) -> Any:
+    def load_of(self, rid: str) -> LoadRecord | None:
         loads = [job for job in self.loads if job.request_id == rid]
         assert len(loads) <= 1, loads
         return loads[0] if loads else None
@@ -194,6 +208,20 @@ class Rig:
     @property
     def connector(self) -> Any:
         return self.scheduler.connector
+
+    def cpu_store(self) -> Any:
+        """Our `CpuStore` behind either seam."""
+        c = self.connector
+        if hasattr(c, "connector_scheduler"):
+            return c.connector_scheduler.manager.store
+        return c._sched().scheduler.store
+
+    def engine(self) -> Any:
+        """Our worker's `TransferEngine` behind either seam."""
+        w = self.worker
+        if hasattr(w, "connector_worker"):
+            return w.connector_worker.worker.engine
+        return w._worker().engine
 
     # --- one engine step -----------------------------------------------------------------------
 
@@ -245,20 +273,41 @@ class Rig:
 
     def _record(self, so: SchedulerOutput, meta: Any) -> None:
         self.scheduled.append(dict(so.num_scheduled_tokens))
-        self.loads.extend(getattr(meta, "loads", ()))
-        for job in getattr(meta, "stores", ()):
-            table = self._table(job.request_id)
-            self.stores.append(
-                StoreRecord(
-                    self.step,
-                    job.request_id,
-                    job.job_id,
-                    [table.index(int(b)) for b in job.gpu_block_ids],
+        if hasattr(meta, "stores"):  # KVOffloadConnector
+            stores = [(j.request_id, j.job_id, j.gpu_block_ids) for j in meta.stores]
+            for job in meta.loads:
+                self.loads.append(
+                    LoadRecord(
+                        job.request_id,
+                        [int(b) for b in job.gpu_block_ids],
+                        job.first_chunk,
+                        job.skip_leading_blocks,
+                        job.num_tokens,
+                    )
                 )
+        else:  # vLLM's OffloadingConnector
+            stores = [(j.req_id, i, j.src_spec.block_ids) for i, j in meta.store_jobs.items()]
+            for job in meta.load_jobs.values():
+                (first,) = job.dst_spec.block_indices
+                ids = [int(b) for b in job.dst_spec.block_ids]
+                self.loads.append(
+                    LoadRecord(
+                        job.req_id, ids, first // self.bpc, first % self.bpc, len(ids) * self.tpb
+                    )
+                )
+        for rid, job_id, blocks in stores:
+            table = self._table(rid)
+            self.stores.append(
+                StoreRecord(self.step, rid, job_id, [table.index(int(b)) for b in blocks])
             )
 
     def _table(self, rid: str) -> list[int]:
-        return list(self.scheduler.kv_cache_manager.get_block_ids(rid)[0])
+        """The request's block table; for a finished request (vLLM may still hold its blocks
+        for a store), the last one it had."""
+        table = list(self.scheduler.kv_cache_manager.get_block_ids(rid)[0])
+        if table:
+            self._tables[rid] = table
+        return self._tables[rid]
 
     def _forward(self, so: SchedulerOutput) -> tuple[list[str], list[list[int]]]:
         req_ids, sampled = [], []
@@ -319,7 +368,8 @@ def make_rig(
     vllm_worker: Callable[..., Any] | None = None,
     max_model_len: int = 2048,
 ) -> Rig:
-    """A scheduler and one worker with `connector`: "kvoffload" (ours), or "vllm" (vLLM's
+    """A scheduler and one worker with `connector`: "kvoffload" (ours), "spec" (vLLM's
+    OffloadingConnector with our KVOffloadSpec: our manager and copy worker), or "vllm" (vLLM's
     OffloadingConnector with its CPU spec; `vllm_worker(canonical_kv_caches, spec)` stands in
     for its CUDA-only copy worker)."""
     tpb = tokens_per_block
@@ -339,6 +389,8 @@ def make_rig(
             kv_load_failure_policy="recompute",
         )
     else:
+        if connector == "spec":
+            extra_config.update(spec_name="KVOffloadSpec", spec_module_path="kvoffload.vllm")
         transfer = KVTransferConfig(
             kv_connector="OffloadingConnector",
             kv_role="kv_both",
@@ -410,13 +462,14 @@ def make_rig(
     worker = KVConnectorFactory.create_connector(
         config=vllm_config, role=KVConnectorRole.WORKER, kv_cache_config=kv_cache_config
     )
-    if connector != "kvoffload":
+    if connector == "vllm":
         assert vllm_worker is not None, "vLLM's own copy worker needs CUDA: pass vllm_worker"
         spec = worker.connector_worker.spec
         spec.get_worker = lambda canonical: vllm_worker(canonical, spec)
     with set_current_vllm_config(vllm_config):
         worker.register_kv_caches(kv_caches)
-    return Rig(scheduler, worker, kv_caches, vllm_config, is_async, tpb=tpb, verify=verify)
+    bpc = chunk_tokens // tpb
+    return Rig(scheduler, worker, kv_caches, vllm_config, is_async, tpb=tpb, verify=verify, bpc=bpc)
 
 
 class NoCopyWorker(OffloadingWorker):

@@ -68,7 +68,8 @@ class TransferEngine:
     chunk (vLLM's partial tails): it then lists fewer blocks, at least one per slot, and the last
     slot's remaining pages are not copied either way.
 
-    Each direction has one CUDA stream, so jobs of one direction finish in submission order. A job
+    Each direction has one CUDA stream (expedited loads a third one), so jobs of one direction
+    finish in submission order. A job
     first makes its stream wait for the work queued so far on the compute stream
     (`compute_stream`, or `torch.cuda.current_stream()` at submit): a store then reads only KV
     the forward pass has finished writing, and a load never overwrites blocks still being read.
@@ -143,7 +144,9 @@ class TransferEngine:
             for seg in layout.segments
         ]
         self._compute_stream = compute_stream
-        self._dirs = (self._new_direction(store=True), self._new_direction(store=False))
+        # Stores, loads, and expedited loads (waited for within the step: they do not queue
+        # behind regular loads).
+        self._dirs = tuple(self._new_direction(store) for store in (True, False, False))
         # Dropped without close(): copies still in flight must finish before the pool (freed
         # after this engine) is unpinned under them.
         streams = [d.stream for d in self._dirs if d.stream is not None]
@@ -186,10 +189,14 @@ class TransferEngine:
         slots: npt.ArrayLike,
         gpu_block_ids: npt.ArrayLike,
         skip_leading_blocks: int = 0,
+        *,
+        expedited: bool = False,
     ) -> None:
         """Starts copying slots to GPU blocks (CPU -> GPU); like `submit_store`, with a GPU block
-        repeated being the invalid case."""
-        self._submit(self._dirs[1], job_id, slots, gpu_block_ids, skip_leading_blocks)
+        repeated being the invalid case. An `expedited` load runs on a stream of its own, so it
+        does not wait for the regular loads queued before it."""
+        d = self._dirs[2 if expedited else 1]
+        self._submit(d, job_id, slots, gpu_block_ids, skip_leading_blocks)
 
     def get_finished(self) -> list[TransferResult]:
         """Results of the jobs finished since the last call, in submission order (jobs of one

@@ -1,7 +1,10 @@
 """vLLM 0.33 adapters: the only part of kvoffload that imports vllm.
 
-`KVOffloadConnector` is vLLM's `--kv-transfer-config` entry point:
-`{"kv_connector": "KVOffloadConnector", "kv_connector_module_path": "kvoffload.vllm", ...}`.
+Two seams, both named in `--kv-transfer-config`: `KVOffloadConnector` (our connector end to end:
+`{"kv_connector": "KVOffloadConnector", "kv_connector_module_path": "kvoffload.vllm", ...}`) and
+`KVOffloadSpec` (our manager and copy worker inside vLLM's own `OffloadingConnector`:
+`{"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {"spec_name":
+"KVOffloadSpec", "spec_module_path": "kvoffload.vllm", ...}}`).
 """
 
 try:
@@ -10,6 +13,15 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("kvoffload.vllm needs vLLM 0.33: pip install 'kvoffload[vllm]'") from exc
 
 from kvoffload.vllm.connector import KVOffloadConnector
+from kvoffload.vllm.spec import KVOffloadSpec
+from kvoffload.vllm.spec_manager import KVOffloadManager
+from kvoffload.vllm.spec_worker import KVOffloadWorker
 from kvoffload.vllm.stats import KVOffloadStats
 
-__all__ = ["KVOffloadConnector", "KVOffloadStats"]
+__all__ = [
+    "KVOffloadConnector",
+    "KVOffloadManager",
+    "KVOffloadSpec",
+    "KVOffloadStats",
+    "KVOffloadWorker",
+]

@@ -1,0 +1,139 @@
+"""`KVOffloadSpec`: our manager and copy worker inside vLLM 0.33's own `OffloadingConnector`.
+
+`--kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+"kv_connector_extra_config": {"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.vllm",
+"cpu_bytes_to_use": ...}}'`
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
+    OffloadingManager,
+    OffloadingMetricMetadata,
+    OffloadingSpec,
+    OffloadingWorker,
+)
+from vllm.v1.kv_offload.config import OffloadingConfig
+from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo, CPUOffloadingMetrics
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+from kvoffload.errors import ConfigError, NotSupportedError
+from kvoffload.scheduler import OffloadConfig
+from kvoffload.vllm.spec_manager import KVOffloadManager
+from kvoffload.vllm.spec_worker import KVOffloadWorker
+
+logger = logging.getLogger(__name__)
+
+_OURS = ("cpu_bytes_to_use", "eviction_policy", "offload_prompt_only")
+# Read by vLLM's OffloadingConnector itself (or meaningful only with store_threshold).
+_VLLM = frozenset(
+    {
+        "spec_name",
+        "spec_module_path",
+        "block_size",
+        "blocks_per_chunk",
+        "sync_load_budget_bytes",
+        "self_describing_kv_events",
+        "canonical_layout",
+        "store_threshold",
+        "max_tracker_size",
+    }
+)
+_OTHER_SPEC = "vLLM's own CPU spec (remove spec_name and spec_module_path)"
+
+
+class KVOffloadSpec(OffloadingSpec):
+    """Built by vLLM from `kv_connector_extra_config`: the same keys as vLLM's CPU spec with the
+    same meaning (`cpu_bytes_to_use` required, total over all workers; `eviction_policy` `lru` or
+    `arc`; `offload_prompt_only`; `block_size` or `blocks_per_chunk`). A bad value stops start-up
+    with a `ConfigError` naming the key."""
+
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
+        # The CPU tier's gauges and allocation histogram, as vLLM's CPU spec publishes them.
+        defs = CPUOffloadingSpec.build_metric_definitions({})
+        defs.pop(CPUOffloadingMetrics.STORES_SKIPPED, None)
+        return defs
+
+    @classmethod
+    def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
+        return CPUOffloadingInfo.config_info_keys()
+
+    def __init__(self, config: OffloadingConfig) -> None:
+        super().__init__(config)
+        extra = dict(config.extra_config)
+        _check_unsupported(extra, config)
+        unknown = sorted(set(extra) - set(_OURS) - _VLLM)
+        if unknown:
+            logger.warning(
+                "KVOffloadSpec ignores unknown kv_connector_extra_config keys: %s",
+                ", ".join(unknown),
+            )
+        self.settings = OffloadConfig.from_dict(
+            {
+                **{k: extra[k] for k in _OURS if k in extra},
+                "tokens_per_block": config.groups[0].tokens_per_block,
+                "blocks_per_chunk": self.blocks_per_chunk,
+            }
+        )
+        world_size = config.parallel.world_size
+        block_bytes = config.worker_kv_bytes_per_block
+        if block_bytes <= 0:
+            raise NotSupportedError(
+                "vLLM reported no KV-cache bytes per GPU block: KVOffloadSpec has nothing to size "
+                "its CPU tier by"
+            )
+        self.bytes_per_chunk = block_bytes * self.blocks_per_chunk * world_size
+        self.num_chunks = self.settings.num_slots(self.bytes_per_chunk)
+        self._manager: KVOffloadManager | None = None
+        self._worker: KVOffloadWorker | None = None
+
+    def get_manager(self) -> OffloadingManager:
+        if self._manager is None:
+            info = CPUOffloadingInfo.from_config(self.config, self.num_chunks, self.bytes_per_chunk)
+            self._manager = KVOffloadManager(
+                self.num_chunks,
+                self.settings.eviction_policy,
+                enable_events=self.kv_events_config.enable_kv_cache_events,
+                config_info=info.as_config_info(),
+            )
+        return self._manager
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if self._worker is None:
+            self._worker = KVOffloadWorker(
+                kv_caches,
+                num_slots=self.num_chunks,
+                blocks_per_chunk=self.blocks_per_chunk,
+                cpu_bytes_to_use=self.settings.cpu_bytes_to_use,
+            )
+        return self._worker
+
+
+def _check_unsupported(extra: dict[str, Any], config: OffloadingConfig) -> None:
+    threshold = extra.get("store_threshold", 0)
+    if type(threshold) is not int or threshold >= 2:
+        raise ConfigError(
+            f"store_threshold={threshold!r} is not supported by KVOffloadSpec (every offered "
+            f"chunk is stored); remove it, or use {_OTHER_SPEC}"
+        )
+    if extra.get("cache_policy_module_path") is not None:
+        raise ConfigError(
+            "cache_policy_module_path is not supported by KVOffloadSpec (its policies, lru and "
+            f"arc, are in Rust); remove it, or use {_OTHER_SPEC}"
+        )
+    if config.canonical_layout:
+        raise NotSupportedError(
+            f"canonical_layout is not supported by KVOffloadSpec; remove it, or use {_OTHER_SPEC}"
+        )
+    if len(config.groups) != 1:
+        raise NotSupportedError(
+            f"KVOffloadSpec supports models with one KV-cache group; this one has "
+            f"{len(config.groups)} (a hybrid model). Use {_OTHER_SPEC}"
+        )

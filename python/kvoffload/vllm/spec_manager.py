@@ -1,0 +1,278 @@
+"""`KVOffloadManager`: vLLM's `OffloadingManager` contract over our Rust `CpuStore`.
+
+It makes the decisions vLLM 0.33's `CPUOffloadingManager` makes on the same calls (which keys are
+stored where, evicted, hit; the same events) under `lru`; the per-key Python work vLLM's manager
+does for its heap, ref counts and policy is one Rust call per batch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+import numpy as np
+import numpy.typing as npt
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
+from vllm.v1.kv_offload.base import (
+    ConfigInfoMapping,
+    LoadStoreSpec,
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from kvoffload.store import CpuStore
+
+# lookup's answer by the status mirror's value: absent, pending, ready.
+_ANSWERS = {None: LookupResult.MISS, False: LookupResult.HIT_PENDING, True: LookupResult.HIT}
+
+
+@dataclass(slots=True)
+class _Access:
+    """What one request has used, for one generation of the store (vLLM's
+    `_RequestCacheAccess` and its LRU request rank)."""
+
+    owner: object
+    generation: int
+    rank: int | None = None
+    seen: dict[bytes, int | None] = field(default_factory=dict)
+    """Keys the request stored or reused, in first-use order, with their positions."""
+    finished: bool = False
+    inserted: set[bytes] = field(default_factory=set)
+    """ARC only (as `reused`): keys this request stored, and ready keys it used again."""
+    reused: set[bytes] = field(default_factory=set)
+
+
+class KVOffloadManager(OffloadingManager):
+    """The scheduler-side manager of `KVOffloadSpec`: a `CpuStore` of `num_chunks` slots.
+
+    `lookup` is called by vLLM once per key: it answers from a dict mirroring each resident key's
+    state (pending or ready), kept in step with the store by the batch calls that change it, so
+    that no lookup crosses into Rust.
+    """
+
+    def __init__(
+        self,
+        num_chunks: int,
+        eviction_policy: str = "lru",
+        *,
+        enable_events: bool = False,
+        config_info: ConfigInfoMapping | None = None,
+    ) -> None:
+        self._num_chunks = num_chunks
+        self._policy = eviction_policy
+        self._store = CpuStore(num_chunks, eviction_policy)
+        self._arc = eviction_policy == "arc"
+        self._status: dict[bytes, bool] = {}
+        self._generation = 0
+        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._allocation_sizes: list[int] = []
+        self._config_info: ConfigInfoMapping = config_info or {}
+
+    @property
+    def store(self) -> CpuStore:
+        return self._store
+
+    # --- per-request state ----------------------------------------------------------------------
+
+    def _access(self, ctx: ReqContext) -> _Access:
+        state = ctx.get_state(_Access)
+        if state is None or state.owner is not self or state.generation != self._generation:
+            state = _Access(self, self._generation)
+            ctx.set_state(state)
+        return state
+
+    # --- OffloadingManager ----------------------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self._access(req_context)
+        return RequestOffloadingContext()
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        return _ANSWERS[self._status.get(key)]
+
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
+        return CacheHitSource.HOST
+
+    def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        keys = list(keys)
+        state = self._access(req_context)
+        seen, position_of = state.seen, req_context.get_offload_key_position
+        positions = []
+        for key in keys:
+            if key in seen:
+                positions.append(-1)
+            else:
+                seen[key] = p = position_of(key)
+                positions.append(-1 if p is None else p)
+                if state.rank is None:  # drawn at the request's first use, as vLLM's LRU does
+                    state.rank = self._store.new_rank()
+        slots = self._store.prepare_load(keys, rank=state.rank, positions=positions)
+        if self._arc:
+            state.reused.update(k for k in keys if k not in state.inserted)
+        return _cpu_spec(slots)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self._store.touch(list(keys))
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self._store.complete_load(list(keys))
+
+    def prepare_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext
+    ) -> PrepareStoreOutput | None:
+        keys = list(keys)
+        state = self._access(req_context)
+        seen, position_of, status = state.seen, req_context.get_offload_key_position, self._status
+        # Absent keys take their position; ready keys the request had not used yet move up to
+        # theirs; pending keys are not a use (as in vLLM).
+        positions = []
+        num_new = 0
+        for key in keys:
+            resident = status.get(key)
+            if resident is False or (resident and key in seen):
+                positions.append(-1)
+                continue
+            if key in seen:
+                p = seen[key]
+            else:
+                seen[key] = p = position_of(key)
+                if state.rank is None:
+                    state.rank = self._store.new_rank()
+            num_new += resident is None
+            positions.append(-1 if p is None else p)
+        if num_new:
+            self._allocation_sizes.append(num_new)
+        elif max(positions, default=-1) < 0:
+            return PrepareStoreOutput([], CPULoadStoreSpec([]), [])
+        plan = self._store.prepare_store(keys, rank=state.rank, positions=positions)
+        if plan is None:
+            return None
+        evicted = cast("list[OffloadKey]", plan.evicted)
+        for key in evicted:
+            del status[key]
+        stored = cast("list[OffloadKey]", plan.keys)  # a list, since a list was offered
+        for key in stored:
+            status[key] = False
+        if self._arc:
+            state.inserted.update(stored)
+            state.reused.update(k for k in keys if status.get(k) and k not in state.inserted)
+        if evicted and self._events is not None:
+            self._events.append(OffloadingEvent(evicted, Medium.CPU, removed=True))
+        return PrepareStoreOutput(stored, _cpu_spec(plan.slots), evicted)
+
+    def complete_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
+    ) -> None:
+        status = self._status
+        # Keys no longer pending (the store was reset since) are skipped, as in vLLM.
+        pending = [key for key in keys if status.get(key) is False]
+        if not pending:
+            return
+        self._store.complete_store(pending, success)
+        if success:
+            for key in pending:
+                status[key] = True
+        else:
+            for key in pending:
+                del status[key]
+        if self._events is not None:
+            # A failed allocation only releases metadata: never announced as stored.
+            self._events.append(
+                OffloadingEvent(pending, Medium.CPU, removed=not success, metadata_only=not success)
+            )
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        state = req_context.get_state(_Access)
+        if (
+            state is None
+            or state.owner is not self
+            or state.generation != self._generation
+            or state.finished
+        ):
+            return
+        state.finished = True
+        order = _prefix_order(state.seen)
+        if not self._arc:
+            self._store.touch(order)
+            return
+        inserted_only = state.inserted - state.reused
+        self._store.touch([k for k in order if k in inserted_only], reuse=False)
+        self._store.touch([k for k in order if k in state.reused], reuse=True)
+
+    def reset_cache(self) -> None:
+        # vLLM's connector never completes a job from before the reset, and fences the reuse of
+        # their slots itself: a new store forgets them all, slots restart at 0.
+        self._store = CpuStore(self._num_chunks, self._policy)
+        self._status.clear()
+        self._generation += 1
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self._events is None:
+            return
+        events, self._events = self._events, []
+        for event in events:
+            if event.metadata_only:
+                # A retry may hold the key again by now.
+                keys = [key for key in event.keys if key not in self._status]
+                if not keys:
+                    continue
+                event = OffloadingEvent(keys, event.medium, True, metadata_only=True)
+            yield event
+
+    def get_stats(self) -> OffloadingConnectorStats:
+        stats = OffloadingConnectorStats()
+        s = self._store.stats()
+        # In use = pinned by a transfer: pending stores and ready keys with loads in flight.
+        usage = (s.pending + s.pinned) / self._num_chunks
+        write = s.pending / self._num_chunks
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, write)
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, max(usage - write, 0.0))
+        for size in self._allocation_sizes:
+            stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, size)
+        self._allocation_sizes.clear()
+        return stats
+
+    def config_info(self) -> Sequence[ConfigInfoMapping]:
+        return [self._config_info]
+
+
+def _cpu_spec(slots: npt.NDArray[np.int64]) -> CPULoadStoreSpec:
+    # vLLM's constructor takes any int sequence (it makes an int32 array of it).
+    return CPULoadStoreSpec(cast("list[int]", slots))
+
+
+def _prefix_order(seen: dict[bytes, int | None]) -> list[bytes]:
+    """A request's keys head to tail, as vLLM orders them when the request finishes: by KV group
+    (the key's last 4 bytes), each group by position, then all by position (stable), the
+    position sorts only where every key has one."""
+    keys = list(seen)
+    if not keys:
+        return keys
+    if all(p is not None for p in seen.values()):
+        groups = {key[-4:] for key in keys}
+        if len(groups) > 1:
+            keys.sort(key=lambda k: k[-4:])  # stable: first-use order within a group
+        keys.sort(key=seen.__getitem__)  # type: ignore[arg-type]
+        return keys
+    by_group: dict[bytes, list[bytes]] = {}
+    for key in keys:
+        by_group.setdefault(key[-4:], []).append(key)
+    out: list[bytes] = []
+    for group in sorted(by_group):
+        members = by_group[group]
+        if all(seen[k] is not None for k in members):
+            members.sort(key=seen.__getitem__)  # type: ignore[arg-type]
+        out.extend(members)
+    return out
