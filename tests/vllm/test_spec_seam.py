@@ -1,0 +1,200 @@
+"""KVOffloadSpec inside vLLM's own OffloadingConnector, on vLLM's real scheduler: start-up errors,
+vLLM's block fencing (`jobs_to_flush`) over our worker, sync (expedited) loads, `arc`.
+
+The seed controls, eviction, resets and readmission run through this seam in
+test_connector_seeds.py and test_connector_lifecycle.py (`seam="spec"`). A failed transfer is not
+a scenario here: vLLM 0.33's OffloadingConnector asserts that every transfer succeeded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from rig import BLOCK_BYTES, BPC, make_rig, next_token, prompt
+from test_connector_lifecycle import Stall
+
+from kvoffload import ConfigError, NotSupportedError
+from kvoffload.vllm import KVOffloadManager, KVOffloadSpec, KVOffloadWorker
+
+
+def expected_outputs(tokens: list[int], n: int) -> list[int]:
+    tokens = list(tokens)
+    for _ in range(n):
+        tokens.append(next_token(tokens))
+    return tokens[-n:]
+
+
+def spec_of(rig) -> KVOffloadSpec:
+    spec = rig.worker.connector_worker.spec
+    assert isinstance(spec, KVOffloadSpec)
+    return spec
+
+
+def test_vllm_builds_our_manager_and_worker(model_dir):
+    rig = make_rig(model_dir, connector="spec", cpu_chunks=40, extra={"eviction_policy": "arc"})
+    manager = rig.connector.connector_scheduler.manager
+    assert isinstance(manager, KVOffloadManager)
+    assert (manager.store.num_slots, manager.store.eviction_policy) == (40, "arc")
+    worker = rig.worker.connector_worker.worker
+    assert isinstance(worker, KVOffloadWorker)
+    # One slot holds a chunk of every layer: 3 GPU blocks of 2 layers.
+    assert worker.engine.chunk_bytes == BPC * BLOCK_BYTES
+    assert worker.engine.pool.num_slots == 40
+
+
+@pytest.mark.parametrize(
+    ("extra", "error", "match"),
+    [
+        ({"cpu_bytes_to_use": None}, ConfigError, "cpu_bytes_to_use is required"),
+        ({"cpu_bytes_to_use": "1e9"}, ConfigError, r"cpu_bytes_to_use='1e9' \(str\) is invalid"),
+        ({"eviction_policy": "fifo"}, ConfigError, "eviction_policy='fifo' is invalid"),
+        ({"offload_prompt_only": "no"}, ConfigError, "offload_prompt_only='no'"),
+        ({"cpu_bytes_to_use": 100}, ConfigError, "cpu_bytes_to_use=100 holds no chunk"),
+        ({"store_threshold": 2}, ConfigError, "store_threshold=2 is not supported"),
+        ({"cache_policy_module_path": "x.y"}, ConfigError, "cache_policy_module_path is not"),
+        ({"canonical_layout": True}, NotSupportedError, "canonical_layout is not supported"),
+    ],
+)
+def test_bad_config_stops_start_up_naming_the_key(model_dir, extra, error, match):
+    with pytest.raises(error, match=match):
+        make_rig(model_dir, connector="spec", extra=extra)
+
+
+def test_vllm_cpu_spec_keys_that_change_nothing_are_accepted(model_dir):
+    rig = make_rig(
+        model_dir, connector="spec", extra={"store_threshold": 1, "max_tracker_size": 10}
+    )
+    assert spec_of(rig).num_chunks == 64
+
+
+def test_a_hybrid_model_is_refused_naming_vllms_spec(model_dir):
+    config = spec_of(make_rig(model_dir, connector="spec")).config
+    two_groups = dataclasses.replace(config, groups=config.groups * 2)
+    with pytest.raises(NotSupportedError, match=r"has 2 \(a hybrid model\).*vLLM's own CPU"):
+        KVOffloadSpec(two_groups)
+
+
+def test_tier_is_split_over_workers(model_dir):
+    config = spec_of(make_rig(model_dir, connector="spec", cpu_chunks=40)).config
+    tp2 = dataclasses.replace(
+        config, parallel=dataclasses.replace(config.parallel, world_size=2, tp_size=2)
+    )
+    # cpu_bytes_to_use is the total over all workers: each copies its shard of every chunk.
+    assert KVOffloadSpec(tp2).num_chunks == 20
+
+
+def test_reused_block_is_fenced_until_the_store_ran(model_dir, is_async):
+    """ "a" finishes with its last chunk's store in flight (results held back); vLLM frees its
+    blocks at once and hands them to "b", fencing the reuse with `jobs_to_flush`: our worker must
+    have copied a's chunk before b's forward pass overwrites it (a third request loads it)."""
+    rig = make_rig(
+        model_dir,
+        is_async=is_async,
+        connector="spec",
+        num_gpu_blocks=9,  # 8 usable: a takes 7, b needs 8
+        extra={"offload_prompt_only": False},
+    )
+    stall = Stall(rig)
+    seen: dict[str, object] = {}
+
+    def watch(rig, so):
+        meta = so.kv_connector_metadata
+        if "b" in so.num_scheduled_tokens and "b_step" not in seen:
+            seen["b_step"] = rig.step
+            seen["flush"] = set(meta.jobs_to_flush or ())
+        if "b_step" in seen and rig.step > seen["b_step"] + 1:
+            stall.on = False
+
+    rig.before_worker = watch
+    rig.add("a", prompt(1, 20), 5)
+    rig.add("b", prompt(2, 28), 1)
+    rig.run()
+    a_stores = {s.job_id for s in rig.stores if s.request_id == "a"}
+    assert seen["flush"] & a_stores  # b's first step waited for a's stores
+    assert rig.offsets_stored("a") == set(range(2 * BPC))
+    assert rig.outputs["b"] == expected_outputs(prompt(2, 28), 1)
+    rig.reset_gpu_prefix_cache()
+    rig.add("c", prompt(1, 20) + rig.outputs["a"][:4] + [5, 6], 1)
+    rig.run()
+    assert rig.load_of("c").num_tokens == 24  # byte for byte, checked by the rig
+
+
+def test_preempted_request_flushes_its_store_and_reloads(model_dir, is_async):
+    """16 usable GPU blocks: "b" is preempted while its prompt store is in flight; vLLM flushes
+    that store in the preempting step and b loads its prompt back when readmitted."""
+    rig = make_rig(model_dir, is_async=is_async, connector="spec", num_gpu_blocks=17)
+    stall = Stall(rig)
+    seen: dict[str, object] = {}
+
+    def watch(rig, so):
+        if so.preempted_req_ids and "preempted" not in seen:
+            seen["preempted"] = set(so.preempted_req_ids)
+            seen["flush"] = set(so.kv_connector_metadata.jobs_to_flush or ())
+        if "a" in so.finished_req_ids:
+            stall.on = False
+
+    rig.before_worker = watch
+    rig.add("a", prompt(1, 24), 40)
+    rig.add("b", prompt(2, 24), 40)
+    rig.run()
+    assert seen["preempted"] == {"b"}
+    b_stores = {s.job_id for s in rig.stores if s.request_id == "b"}
+    assert b_stores and b_stores <= seen["flush"]
+    load = rig.load_of("b")
+    assert (load.num_tokens, load.first_chunk, load.skip_leading_blocks) == (24, 0, 0)
+    for rid, seed in (("a", 1), ("b", 2)):
+        assert rig.outputs[rid] == expected_outputs(prompt(seed, 24), 40)
+
+
+def test_sync_loads_run_expedited_before_the_forward_pass(model_dir, is_async):
+    rig = make_rig(
+        model_dir,
+        is_async=is_async,
+        connector="spec",
+        extra={"sync_load_budget_bytes": 1 << 30},
+    )
+    rig.add("a", prompt(7, 48), 2)
+    rig.run()
+    rig.reset_gpu_prefix_cache()
+    expedited = []
+    engine = rig.engine()
+    submit = engine.submit_load
+
+    def spy(*args, **kwargs):
+        expedited.append(kwargs.get("expedited"))
+        return submit(*args, **kwargs)
+
+    engine.submit_load = spy
+    rig.add("b", prompt(7, 48) + prompt(8, 10), 3)
+    rig.run()
+    assert expedited == [True]
+    assert rig.load_of("b").num_tokens == 48
+    assert rig.checked_positions["b"] >= 58  # loaded bytes were in place before b's forward
+
+
+@pytest.mark.parametrize(("policy", "a3_loads"), [("lru", 24), ("arc", 36)])
+def test_arc_keeps_a_reused_prefix_that_lru_evicts(model_dir, is_async, policy, a3_loads):
+    """A tier of 4 chunks: a's 3 chunks are used again by a2, then b and c store one chunk each.
+    c's chunk needs room: LRU evicts a's tail (b is newer), ARC the once-used b."""
+    rig = make_rig(
+        model_dir,
+        is_async=is_async,
+        connector="spec",
+        cpu_chunks=4,
+        extra={"eviction_policy": policy},
+    )
+    rig.add("a", prompt(1, 36), 1)
+    rig.run()
+    rig.reset_gpu_prefix_cache()
+    rig.add("a2", [*prompt(1, 36), 4], 1)
+    rig.run()
+    for rid, seed in (("b", 2), ("c", 3)):
+        rig.add(rid, prompt(seed, 14), 1)
+        rig.run()
+    rig.reset_gpu_prefix_cache()
+    rig.add("a3", [*prompt(1, 36), 9], 1)
+    rig.run()
+    assert rig.load_of("a2").num_tokens == 36
+    assert rig.load_of("a3").num_tokens == a3_loads
+    assert rig.outputs["a3"] == expected_outputs([*prompt(1, 36), 9], 1)
