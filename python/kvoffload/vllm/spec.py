@@ -101,6 +101,7 @@ class KVOffloadSpec(OffloadingSpec):
                 self.num_chunks,
                 self.settings.eviction_policy,
                 enable_events=self.kv_events_config.enable_kv_cache_events,
+                num_kv_groups=len(self.config.groups),
                 config_info=info.as_config_info(),
             )
         return self._manager

@@ -7,8 +7,9 @@ does for its heap, ref counts and policy is one Rust call per batch here.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import cast
 
 import numpy as np
@@ -33,9 +34,6 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvoffload.store import CpuStore
 
-# lookup's answer by the status mirror's value: absent, pending, ready.
-_ANSWERS = {None: LookupResult.MISS, False: LookupResult.HIT_PENDING, True: LookupResult.HIT}
-
 
 @dataclass(slots=True)
 class _Access:
@@ -47,6 +45,8 @@ class _Access:
     rank: int | None = None
     seen: dict[bytes, int | None] = field(default_factory=dict)
     """Keys the request stored or reused, in first-use order, with their positions."""
+    unpositioned: bool = False
+    """Some key of `seen` has no position (vLLM then keeps first-use order at the finish)."""
     finished: bool = False
     inserted: set[bytes] = field(default_factory=set)
     """ARC only (as `reused`): keys this request stored, and ready keys it used again."""
@@ -56,9 +56,9 @@ class _Access:
 class KVOffloadManager(OffloadingManager):
     """The scheduler-side manager of `KVOffloadSpec`: a `CpuStore` of `num_chunks` slots.
 
-    `lookup` is called by vLLM once per key: it answers from a dict mirroring each resident key's
-    state (pending or ready), kept in step with the store by the batch calls that change it, so
-    that no lookup crosses into Rust.
+    `lookup` is called by vLLM once per key: it answers from two sets mirroring the store's
+    resident and pending keys, kept in step by the batch calls that change them, so that no
+    lookup crosses into Rust.
     """
 
     def __init__(
@@ -67,17 +67,23 @@ class KVOffloadManager(OffloadingManager):
         eviction_policy: str = "lru",
         *,
         enable_events: bool = False,
+        num_kv_groups: int | None = None,
         config_info: ConfigInfoMapping | None = None,
     ) -> None:
         self._num_chunks = num_chunks
         self._policy = eviction_policy
         self._store = CpuStore(num_chunks, eviction_policy)
         self._arc = eviction_policy == "arc"
-        self._status: dict[bytes, bool] = {}
+        # Mirrors of the store's key states, for vLLM's per-key lookups (see the class doc).
+        self._resident: set[bytes] = set()
+        """Pending or ready."""
+        self._pending: set[bytes] = set()
         self._generation = 0
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._allocation_sizes: list[int] = []
         self._config_info: ConfigInfoMapping = config_info or {}
+        # With one KV group (when known) a finishing request's keys need no grouping.
+        self._num_kv_groups = num_kv_groups
 
     @property
     def store(self) -> CpuStore:
@@ -92,6 +98,16 @@ class KVOffloadManager(OffloadingManager):
             ctx.set_state(state)
         return state
 
+    def _record(self, state: _Access, keys: Sequence[bytes], positions: list[int | None]) -> None:
+        """The request's first use of `keys` (at `positions`)."""
+        if not keys:
+            return
+        if state.rank is None:  # drawn at the request's first use, as vLLM's LRU does
+            state.rank = self._store.new_rank()
+        state.seen.update(zip(keys, positions, strict=True))
+        if None in positions:
+            state.unpositioned = True
+
     # --- OffloadingManager ----------------------------------------------------------------------
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -99,7 +115,9 @@ class KVOffloadManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return _ANSWERS[self._status.get(key)]
+        if key in self._pending:
+            return LookupResult.HIT_PENDING
+        return LookupResult.HIT if key in self._resident else LookupResult.MISS
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
         return CacheHitSource.HOST
@@ -107,16 +125,23 @@ class KVOffloadManager(OffloadingManager):
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         keys = list(keys)
         state = self._access(req_context)
-        seen, position_of = state.seen, req_context.get_offload_key_position
-        positions = []
-        for key in keys:
-            if key in seen:
-                positions.append(-1)
-            else:
-                seen[key] = p = position_of(key)
+        position_of = _position_getter(req_context)
+        seen = state.seen
+        if seen.keys().isdisjoint(keys):
+            found = list(map(position_of, keys))
+            self._record(state, keys, found)
+            positions = _or_minus_one(found)
+        else:
+            positions, new_keys, new_positions = [], [], []
+            for key in keys:
+                if key in seen:
+                    positions.append(-1)
+                    continue
+                p = position_of(key)
                 positions.append(-1 if p is None else p)
-                if state.rank is None:  # drawn at the request's first use, as vLLM's LRU does
-                    state.rank = self._store.new_rank()
+                new_keys.append(key)
+                new_positions.append(p)
+            self._record(state, new_keys, new_positions)
         slots = self._store.prepare_load(keys, rank=state.rank, positions=positions)
         if self._arc:
             state.reused.update(k for k in keys if k not in state.inserted)
@@ -133,24 +158,31 @@ class KVOffloadManager(OffloadingManager):
     ) -> PrepareStoreOutput | None:
         keys = list(keys)
         state = self._access(req_context)
-        seen, position_of, status = state.seen, req_context.get_offload_key_position, self._status
-        # Absent keys take their position; ready keys the request had not used yet move up to
-        # theirs; pending keys are not a use (as in vLLM).
-        positions = []
-        num_new = 0
-        for key in keys:
-            resident = status.get(key)
-            if resident is False or (resident and key in seen):
-                positions.append(-1)
-                continue
-            if key in seen:
-                p = seen[key]
-            else:
-                seen[key] = p = position_of(key)
-                if state.rank is None:
-                    state.rank = self._store.new_rank()
-            num_new += resident is None
-            positions.append(-1 if p is None else p)
+        resident, pending, seen = self._resident, self._pending, state.seen
+        position_of = _position_getter(req_context)
+        if resident.isdisjoint(keys) and seen.keys().isdisjoint(keys):
+            # The usual offer: chunks new to the tier and to the request.
+            num_new = len(keys)
+            found = list(map(position_of, keys))
+            self._record(state, keys, found)
+            positions = _or_minus_one(found)
+        else:
+            # Absent keys take their position; ready keys the request has not used yet move up
+            # to theirs; pending keys are not a use (as in vLLM).
+            absent = [key not in resident for key in keys]
+            num_new = absent.count(True)
+            fresh = [
+                (a or key not in pending) and key not in seen
+                for key, a in zip(keys, absent, strict=True)
+            ]
+            new_keys = list(compress(keys, fresh))
+            self._record(state, new_keys, list(map(position_of, new_keys)))
+            positions = _or_minus_one(
+                [
+                    position_of(key) if a or f else None
+                    for key, a, f in zip(keys, absent, fresh, strict=True)
+                ]
+            )
         if num_new:
             self._allocation_sizes.append(num_new)
         elif max(positions, default=-1) < 0:
@@ -159,14 +191,15 @@ class KVOffloadManager(OffloadingManager):
         if plan is None:
             return None
         evicted = cast("list[OffloadKey]", plan.evicted)
-        for key in evicted:
-            del status[key]
+        resident.difference_update(evicted)
         stored = cast("list[OffloadKey]", plan.keys)  # a list, since a list was offered
-        for key in stored:
-            status[key] = False
+        resident.update(stored)
+        pending.update(stored)
         if self._arc:
             state.inserted.update(stored)
-            state.reused.update(k for k in keys if status.get(k) and k not in state.inserted)
+            state.reused.update(
+                k for k in keys if k in resident and k not in pending and k not in state.inserted
+            )
         if evicted and self._events is not None:
             self._events.append(OffloadingEvent(evicted, Medium.CPU, removed=True))
         return PrepareStoreOutput(stored, _cpu_spec(plan.slots), evicted)
@@ -174,22 +207,22 @@ class KVOffloadManager(OffloadingManager):
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
-        status = self._status
+        pending = self._pending
         # Keys no longer pending (the store was reset since) are skipped, as in vLLM.
-        pending = [key for key in keys if status.get(key) is False]
-        if not pending:
-            return
-        self._store.complete_store(pending, success)
-        if success:
-            for key in pending:
-                status[key] = True
+        if pending.issuperset(keys):
+            done = list(keys)
         else:
-            for key in pending:
-                del status[key]
+            done = [key for key in keys if key in pending]
+        if not done:
+            return
+        self._store.complete_store(done, success)
+        pending.difference_update(done)
+        if not success:
+            self._resident.difference_update(done)
         if self._events is not None:
             # A failed allocation only releases metadata: never announced as stored.
             self._events.append(
-                OffloadingEvent(pending, Medium.CPU, removed=not success, metadata_only=not success)
+                OffloadingEvent(done, Medium.CPU, removed=not success, metadata_only=not success)
             )
 
     def on_request_finished(self, req_context: ReqContext) -> None:
@@ -202,7 +235,7 @@ class KVOffloadManager(OffloadingManager):
         ):
             return
         state.finished = True
-        order = _prefix_order(state.seen)
+        order = _prefix_order(state.seen, not state.unpositioned, self._num_kv_groups == 1)
         if not self._arc:
             self._store.touch(order)
             return
@@ -214,7 +247,8 @@ class KVOffloadManager(OffloadingManager):
         # vLLM's connector never completes a job from before the reset, and fences the reuse of
         # their slots itself: a new store forgets them all, slots restart at 0.
         self._store = CpuStore(self._num_chunks, self._policy)
-        self._status.clear()
+        self._resident.clear()
+        self._pending.clear()
         self._generation += 1
 
     def take_events(self) -> Iterable[OffloadingEvent]:
@@ -224,7 +258,7 @@ class KVOffloadManager(OffloadingManager):
         for event in events:
             if event.metadata_only:
                 # A retry may hold the key again by now.
-                keys = [key for key in event.keys if key not in self._status]
+                keys = [key for key in event.keys if key not in self._resident]
                 if not keys:
                     continue
                 event = OffloadingEvent(keys, event.medium, True, metadata_only=True)
@@ -248,26 +282,38 @@ class KVOffloadManager(OffloadingManager):
         return [self._config_info]
 
 
+def _position_getter(ctx: ReqContext) -> Callable[[bytes], int | None]:
+    # vLLM 0.33's ReqContext keeps key positions in a dict: its `get` is one C call per key,
+    # where the public accessor is a Python call (the fallback, should the dict go).
+    positions = getattr(ctx, "_offload_key_positions", None)
+    if isinstance(positions, dict):
+        return cast("Callable[[bytes], int | None]", positions.get)
+    return cast("Callable[[bytes], int | None]", ctx.get_offload_key_position)
+
+
+def _or_minus_one(positions: list[int | None]) -> list[int]:
+    if None not in positions:
+        return cast("list[int]", positions)
+    return [-1 if p is None else p for p in positions]
+
+
 def _cpu_spec(slots: npt.NDArray[np.int64]) -> CPULoadStoreSpec:
     # vLLM's constructor takes any int sequence (it makes an int32 array of it).
     return CPULoadStoreSpec(cast("list[int]", slots))
 
 
-def _prefix_order(seen: dict[bytes, int | None]) -> list[bytes]:
+def _prefix_order(
+    seen: dict[bytes, int | None], all_positioned: bool, one_group: bool
+) -> list[bytes]:
     """A request's keys head to tail, as vLLM orders them when the request finishes: by KV group
-    (the key's last 4 bytes), each group by position, then all by position (stable), the
-    position sorts only where every key has one."""
-    keys = list(seen)
-    if not keys:
-        return keys
-    if all(p is not None for p in seen.values()):
-        groups = {key[-4:] for key in keys}
-        if len(groups) > 1:
-            keys.sort(key=lambda k: k[-4:])  # stable: first-use order within a group
+    (the key's last 4 bytes), each group by position, then all by position (stable); positions
+    order only keys that all have one."""
+    if all_positioned:
+        keys = list(seen) if one_group else sorted(seen, key=lambda k: k[-4:])  # stable
         keys.sort(key=seen.__getitem__)  # type: ignore[arg-type]
         return keys
     by_group: dict[bytes, list[bytes]] = {}
-    for key in keys:
+    for key in seen:
         by_group.setdefault(key[-4:], []).append(key)
     out: list[bytes] = []
     for group in sorted(by_group):

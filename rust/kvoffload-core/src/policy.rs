@@ -8,14 +8,15 @@ use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::list::{Linked, List, NIL};
 use core::str::FromStr;
-use std::collections::BTreeSet;
+use core::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 /// Eviction order of a key under `Lru`, packed in 64 bits: the smallest leaves first. A plain
 /// use takes the next value of a counter (`major`); a key used by a request takes that request's
 /// rank (drawn once from the same counter) and sorts below every other use of that rank by its
 /// position in the request, so within a request tails leave before heads, across all its batches
 /// (vLLM 0.33's LRU ranks `(request_rank, -position)` and `(counter, 0)`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Rank(u64);
 
 const MINOR_BITS: u32 = 24;
@@ -129,8 +130,8 @@ impl Policy {
     ) {
         if let Some(r) = &mut self.ranked {
             let rank = rank.unwrap_or_else(|| Rank::plain(r.next()));
-            r.insert(nodes, i, rank);
             nodes[i as usize].set_list(T1);
+            r.insert(nodes, i, rank);
             return;
         }
         let ghost_hit = self.ghosts.as_mut().is_some_and(|g| g.hit(fingerprint));
@@ -144,7 +145,7 @@ impl Policy {
     pub(crate) fn raise<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, rank: Rank) {
         if let Some(r) = &mut self.ranked {
             if nodes[i as usize].rank() < rank {
-                r.remove(nodes, i);
+                r.remove();
                 r.insert(nodes, i, rank);
             }
         }
@@ -153,7 +154,7 @@ impl Policy {
     /// Removes a key without remembering it (failed store, reset).
     pub(crate) fn remove<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32) {
         if let Some(r) = &mut self.ranked {
-            r.remove(nodes, i);
+            r.remove();
         } else {
             let list = nodes[i as usize].list();
             self.lists[list as usize].unlink(nodes, i);
@@ -175,7 +176,7 @@ impl Policy {
     /// it stays in its list, so a once-used key does not come to look frequent.
     pub(crate) fn touch<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, promote: bool) {
         if let Some(r) = &mut self.ranked {
-            r.remove(nodes, i);
+            r.remove();
             let rank = Rank::plain(r.next());
             r.insert(nodes, i, rank);
             return;
@@ -191,10 +192,10 @@ impl Policy {
         self.lists[to as usize].push_mru(nodes, i);
     }
 
-    /// Picks exactly `n` victims among nodes for which `evictable` holds, without changing
-    /// anything; `None` when fewer than `n` exist.
+    /// Picks exactly `n` victims among nodes for which `evictable` holds, without changing the
+    /// order; `None` when fewer than `n` exist.
     pub(crate) fn select_victims<N: PolicyNode>(
-        &self,
+        &mut self,
         nodes: &[N],
         n: usize,
         evictable: impl Fn(u32) -> bool,
@@ -203,15 +204,8 @@ impl Policy {
         if n == 0 {
             return Some(victims);
         }
-        if let Some(r) = &self.ranked {
-            victims.extend(
-                r.order
-                    .iter()
-                    .map(|&(_, i)| i)
-                    .filter(|&i| evictable(i))
-                    .take(n),
-            );
-            return (victims.len() == n).then_some(victims);
+        if let Some(r) = &mut self.ranked {
+            return r.select(nodes, n, evictable);
         }
         let mut t1 = self.lists[T1 as usize]
             .iter(nodes)
@@ -246,7 +240,7 @@ impl Policy {
 
     pub(crate) fn list_len(&self, list: u8) -> u32 {
         match &self.ranked {
-            Some(r) => r.order.len() as u32,
+            Some(r) => r.live,
             None => self.lists[list as usize].len,
         }
     }
@@ -254,18 +248,20 @@ impl Policy {
     /// The members of one list, first to leave first.
     pub(crate) fn list_members<N: PolicyNode>(&self, nodes: &[N], list: u8) -> Vec<u32> {
         match &self.ranked {
-            Some(r) => r.order.iter().map(|&(_, i)| i).collect(),
+            Some(r) => r.sorted(nodes).into_iter().map(|(_, i)| i).collect(),
             None => self.lists[list as usize].iter(nodes).collect(),
         }
     }
 
-    /// Under LRU, the first slot ordered by another rank than the one its node holds.
+    /// Under LRU, a ranked slot whose current rank the order does not hold.
     pub(crate) fn rank_mismatch<N: PolicyNode>(&self, nodes: &[N]) -> Option<u32> {
         let r = self.ranked.as_ref()?;
-        r.order
-            .iter()
-            .find(|&&(rank, i)| nodes[i as usize].rank() != rank)
-            .map(|&(_, i)| i)
+        let held: std::collections::HashSet<(Rank, u32)> =
+            r.heap.iter().map(|&Reverse(entry)| entry).collect();
+        (0..nodes.len() as u32).find(|&i| {
+            let node = &nodes[i as usize];
+            node.list() != NO_LIST && !held.contains(&(node.rank(), i))
+        })
     }
 
     pub(crate) fn num_lists(&self) -> u8 {
@@ -299,11 +295,15 @@ impl Policy {
     }
 }
 
-/// LRU as an ordered set of `(rank, slot)`; each key's rank also lives in its node.
+/// LRU as a lazy min-heap of `(rank, slot)`: a key's current rank lives in its node, and an
+/// entry whose rank is no longer its node's (or whose node left the order) is dropped when it
+/// surfaces. A new use is then one push, mostly near the recent end (cheap to sift), instead of
+/// a removal and an insertion in an ordered tree.
 #[derive(Default)]
 struct Ranked {
-    order: BTreeSet<(Rank, u32)>,
+    heap: BinaryHeap<Reverse<(Rank, u32)>>,
     counter: u64,
+    live: u32,
 }
 
 impl Ranked {
@@ -314,18 +314,77 @@ impl Ranked {
 
     fn insert<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, rank: Rank) {
         nodes[i as usize].set_rank(rank);
-        self.order.insert((rank, i));
+        self.heap.push(Reverse((rank, i)));
+        self.live += 1;
+        // Stale entries are at most twice the live ones (plus slack): rebuilding is linear.
+        if self.heap.len() > 2 * self.live as usize + 64 {
+            let current: Vec<_> = self.heap.drain().filter(|e| is_current(nodes, e.0)).collect();
+            self.heap = BinaryHeap::from(current);
+        }
     }
 
-    fn remove<N: PolicyNode>(&mut self, nodes: &[N], i: u32) {
-        let removed = self.order.remove(&(nodes[i as usize].rank(), i));
-        debug_assert!(removed, "slot {i} is ranked");
+    /// Leaves the order; its entry goes stale (the caller takes the node out of the list, or
+    /// inserts it again with a new rank).
+    fn remove(&mut self) {
+        self.live -= 1;
+    }
+
+    /// The `n` first evictable slots in order, the heap as it was otherwise (their entries are
+    /// consumed: the caller evicts them).
+    fn select<N: PolicyNode>(
+        &mut self,
+        nodes: &[N],
+        n: usize,
+        evictable: impl Fn(u32) -> bool,
+    ) -> Option<Vec<u32>> {
+        let mut victims = Vec::with_capacity(n);
+        let mut kept = Vec::new();
+        let mut last = None;
+        while victims.len() < n {
+            let Some(Reverse(entry)) = self.heap.pop() else {
+                break;
+            };
+            // A slot freed and taken again at an equal rank can leave a duplicate: they pop in
+            // a row.
+            if !is_current(nodes, entry) || last == Some(entry) {
+                continue;
+            }
+            last = Some(entry);
+            if evictable(entry.1) {
+                victims.push(entry.1);
+            } else {
+                kept.push(entry);
+            }
+        }
+        let found = victims.len() == n;
+        if !found {
+            kept.extend(victims.iter().map(|&i| (nodes[i as usize].rank(), i)));
+        }
+        self.heap.extend(kept.into_iter().map(Reverse));
+        found.then_some(victims)
+    }
+
+    /// The current entries, first to leave first.
+    fn sorted<N: PolicyNode>(&self, nodes: &[N]) -> Vec<(Rank, u32)> {
+        let mut out: Vec<_> = self
+            .heap
+            .iter()
+            .map(|&Reverse(e)| e)
+            .filter(|&e| is_current(nodes, e))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     fn heap_bytes(&self) -> usize {
-        // 16-byte elements in B-tree leaves of 11, about two-thirds full on average.
-        self.order.len() * 24
+        self.heap.capacity() * core::mem::size_of::<(Rank, u32)>()
     }
+}
+
+fn is_current<N: PolicyNode>(nodes: &[N], (rank, i): (Rank, u32)) -> bool {
+    let node = &nodes[i as usize];
+    node.list() != NO_LIST && node.rank() == rank
 }
 
 /// A remembered key: 16 bytes. The fingerprint's lowest bit is replaced by the ghost list

@@ -315,8 +315,8 @@ impl Store {
         (self.num_slots() - self.next_fresh) as usize + self.free.len()
     }
 
-    fn evictable(&self, slot: u32) -> bool {
-        let e = &self.entries[slot as usize];
+    fn evictable(entries: &[Entry], slot: u32) -> bool {
+        let e = &entries[slot as usize];
         e.state == State::Ready && e.pins == 0 && e.flags == 0
     }
 
@@ -410,8 +410,9 @@ impl Store {
         let victims = if blocked_by_reset {
             None
         } else {
+            let entries = &self.entries;
             self.policy
-                .select_victims(&self.entries, need, |s| self.evictable(s))
+                .select_victims(entries, need, |s| Self::evictable(entries, s))
         };
         for &slot in &protected {
             self.entries[slot as usize].flags &= !PROTECTED;

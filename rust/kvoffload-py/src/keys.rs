@@ -76,11 +76,12 @@ unsafe fn list_bytes<'a>(
     Ok(out)
 }
 
-fn copy_keys(items: &Bound<'_, PyAny>) -> PyResult<KeyBuf> {
+fn copy_keys<'py>(items: &Bound<'py, PyAny>) -> PyResult<(KeyBuf, Bound<'py, PyList>)> {
     let list = as_list(items, "keys")?;
     // SAFETY: the slices are copied out before any Python code can run.
     let slices = unsafe { list_bytes(&list, 0, "keys")? };
-    KeyBuf::from_keys(&slices).map_err(to_py)
+    let buf = KeyBuf::from_keys(&slices).map_err(to_py)?;
+    Ok((buf, list))
 }
 
 pub(crate) fn int64_bytes<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyBytes> {
@@ -100,7 +101,8 @@ pub(crate) fn bytes_list<'py, K: AsRef<[u8]>>(
 
 /// A `keys` argument of a store call.
 pub(crate) enum KeyArg<'py> {
-    Copied(KeyBuf),
+    /// A copy of the keys, and the list they came from.
+    Copied(KeyBuf, Bound<'py, PyList>),
     Shared {
         list: Bound<'py, KeyList>,
         start: usize,
@@ -126,7 +128,8 @@ impl<'py> KeyArg<'py> {
                 end: r.end,
             });
         }
-        copy_keys(keys).map(KeyArg::Copied)
+        let (buf, list) = copy_keys(keys)?;
+        Ok(KeyArg::Copied(buf, list))
     }
 
     /// Runs `f` on the keys with the GIL released.
@@ -136,7 +139,7 @@ impl<'py> KeyArg<'py> {
         f: impl FnOnce(&[&[u8]]) -> PyResult<T> + Send,
     ) -> PyResult<T> {
         match self {
-            KeyArg::Copied(buf) => py.detach(|| f(&buf.slices(0, buf.len()))),
+            KeyArg::Copied(buf, _) => py.detach(|| f(&buf.slices(0, buf.len()))),
             KeyArg::Shared { list, start, end } => {
                 let list: &KeyList = list.get();
                 py.detach(|| f(&list.read()?.slices(*start, *end)))
@@ -151,15 +154,21 @@ impl<'py> KeyArg<'py> {
                 let picked = list.get().read()?.gather(*start, indices);
                 Ok(Bound::new(py, KeyList::from_buf(picked))?.into_any())
             }
-            // From the copy the store saw, not the caller's list, which another thread may have
-            // changed while the GIL was released.
-            KeyArg::Copied(buf) => Ok(bytes_list(
-                py,
-                indices
-                    .iter()
-                    .map(|&i| buf.get(i as usize).expect("index in range")),
-            )?
-            .into_any()),
+            // The caller's own objects (no new allocation, their hashes already cached), as long
+            // as they still hold the keys the store saw: another thread may have changed the
+            // list while the GIL was released.
+            KeyArg::Copied(buf, list) => {
+                let picked = indices.iter().map(|&i| {
+                    let key = buf.get(i as usize).expect("index in range");
+                    match list.get_item(i as usize) {
+                        Ok(item) if item.cast::<PyBytes>().is_ok_and(|b| b.as_bytes() == key) => {
+                            item
+                        }
+                        _ => PyBytes::new(py, key).into_any(),
+                    }
+                });
+                Ok(PyList::new(py, picked)?.into_any())
+            }
         }
     }
 }
@@ -209,7 +218,7 @@ impl KeyList {
     #[pyo3(signature = (keys = None))]
     fn new(keys: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Ok(KeyList::from_buf(
-            keys.map(copy_keys).transpose()?.unwrap_or_default(),
+            keys.map(copy_keys).transpose()?.map(|(buf, _)| buf).unwrap_or_default(),
         ))
     }
 
@@ -255,7 +264,7 @@ impl KeyList {
         }
         // Converting `other` can run Python code: never while holding the lock.
         match copy_keys(other) {
-            Ok(theirs) => Ok(*self.read()? == theirs),
+            Ok((theirs, _)) => Ok(*self.read()? == theirs),
             Err(_) => Ok(false),
         }
     }
