@@ -32,7 +32,6 @@ class KVOffloadWorker(OffloadingWorker):
         num_slots: int,
         blocks_per_chunk: int,
         cpu_bytes_to_use: int,
-        **engine_options: Any,
     ) -> None:
         if len(kv_caches.group_data_refs) != 1:
             raise NotSupportedError(
@@ -48,7 +47,6 @@ class KVOffloadWorker(OffloadingWorker):
                 num_slots=num_slots,
                 blocks_per_chunk=blocks_per_chunk,
                 block_dim=0,
-                **engine_options,
             )
         except (RuntimeError, MemoryError) as exc:
             raise ConfigError(

@@ -7,8 +7,8 @@
 use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::list::{Linked, List, NIL};
-use core::str::FromStr;
 use core::cmp::Reverse;
+use core::str::FromStr;
 use std::collections::BinaryHeap;
 
 /// Eviction order of a key under `Lru`, packed in 64 bits: the smallest leaves first. A plain
@@ -318,7 +318,11 @@ impl Ranked {
         self.live += 1;
         // Stale entries are at most twice the live ones (plus slack): rebuilding is linear.
         if self.heap.len() > 2 * self.live as usize + 64 {
-            let current: Vec<_> = self.heap.drain().filter(|e| is_current(nodes, e.0)).collect();
+            let current: Vec<_> = self
+                .heap
+                .drain()
+                .filter(|e| is_current(nodes, e.0))
+                .collect();
             self.heap = BinaryHeap::from(current);
         }
     }

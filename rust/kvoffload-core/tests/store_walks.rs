@@ -2,7 +2,8 @@
 //! events each step must produce.
 
 use kvoffload_core::{
-    Error, Event, EventKind, KeyBuf, KeyStatus, PolicyKind, Positions, RankedBatch, Store, StorePlan,
+    Error, Event, EventKind, KeyBuf, KeyStatus, PolicyKind, Positions, RankedBatch, Store,
+    StorePlan,
 };
 
 fn k(id: u8) -> Vec<u8> {
@@ -356,7 +357,9 @@ fn lru_positions_per_key() {
         rank: b,
         positions: Positions::Each(&short),
     };
-    let err = s.prepare_store_ranked(&ks(&[15, 16, 17]), Some(bad)).unwrap_err();
+    let err = s
+        .prepare_store_ranked(&ks(&[15, 16, 17]), Some(bad))
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         "positions=<2 values for 3 keys> is invalid; allowed: one position per key"

@@ -218,7 +218,10 @@ impl KeyList {
     #[pyo3(signature = (keys = None))]
     fn new(keys: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Ok(KeyList::from_buf(
-            keys.map(copy_keys).transpose()?.map(|(buf, _)| buf).unwrap_or_default(),
+            keys.map(copy_keys)
+                .transpose()?
+                .map(|(buf, _)| buf)
+                .unwrap_or_default(),
         ))
     }
 
