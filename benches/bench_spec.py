@@ -119,7 +119,7 @@ def run_trace(spec: str, trace: Trace, model_dir: str) -> SpecRun:
         fresh = lambda: CPUOffloadingManager(trace.cpu_chunks)  # noqa: E731
     else:
         assert isinstance(manager, KVOffloadManager)
-        fresh = lambda: KVOffloadManager(trace.cpu_chunks, num_kv_groups=1)  # noqa: E731
+        fresh = lambda: KVOffloadManager(trace.cpu_chunks)  # noqa: E731
     recorder = Recorder(manager)
     sched.manager = recorder
     for rid, tokens in trace.requests:
@@ -128,9 +128,10 @@ def run_trace(spec: str, trace: Trace, model_dir: str) -> SpecRun:
     return SpecRun(recorder, rig.step, dict(rig.external_hits), stored_chunks(rig), fresh)
 
 
-def replay(run: SpecRun) -> float:
+def replay(run: SpecRun, check: bool = False) -> float:
     """Seconds to make the recorded calls on a fresh manager, with fresh request contexts that
-    hold the same key positions."""
+    hold the same key positions. With `check` (untimed use), each answer must be the recorded
+    one: the replay made the same decisions."""
     contexts: dict[int, ReqContext] = {}
 
     def fresh_ctx(ctx: Any) -> Any:
@@ -143,19 +144,20 @@ def replay(run: SpecRun) -> float:
                 new.set_offload_key_position(key, pos)
         return new
 
-    calls = [
-        (name, tuple(fresh_ctx(a) for a in args), kwargs)
-        for name, args, kwargs in run.recorder.calls
-    ]
     manager = run.fresh_manager()
     bound = [
-        (getattr(manager, name), args, kwargs, name == "take_events")
-        for name, args, kwargs in calls
+        (getattr(manager, name), tuple(fresh_ctx(a) for a in args), kwargs, name)
+        for name, args, kwargs in run.recorder.calls
     ]
+    if check:
+        for (method, args, kwargs, name), answer in zip(bound, run.recorder.answers, strict=True):
+            out = method(*args, **kwargs)
+            assert _comparable(name, list(out) if name == "take_events" else out) == answer, name
+        return 0.0
     start = time.perf_counter()
-    for method, args, kwargs, drain in bound:
+    for method, args, kwargs, name in bound:
         out = method(*args, **kwargs)
-        if drain:
+        if name == "take_events":
             list(out)
     return time.perf_counter() - start
 
@@ -209,6 +211,8 @@ def test_same_calls_and_answers_through_either_spec(model_dir, benchmark):
         if name == "prepare_store"
     ]
     assert any(answer is not None and answer[2] for answer in stores)  # the tier evicted
+    for run in runs.values():
+        replay(run, check=True)
     rounds = 1 if benchmark.disabled else 5
     best = dict.fromkeys(runs, float("inf"))
     for _ in range(rounds):  # interleaved, so that both see the same machine

@@ -640,3 +640,32 @@ def test_first_pinned():
     assert s.first_pinned(ks(3, 9)) == 2
     s.complete_load(ks(2))
     assert s.first_pinned(ks(1, 2, 3)) == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"positions": [16, 32]}, ValueError, "positions were given without a rank"),
+        ({"rank": True, "positions": [16]}, ValueError, r"positions=<1 values for 2 keys>"),
+        ({"rank": True, "positions": [16, None]}, TypeError, "positions must be a sequence of"),
+        ({"rank": True, "positions": "ab"}, TypeError, "positions must be a sequence of"),
+        ({"rank": True, "positions": [16, 2**70]}, TypeError, "positions must be a sequence of"),
+    ],
+)
+def test_bad_positions_are_refused_and_change_nothing(kwargs, error, match):
+    store = CpuStore(4)
+    store.prepare_store([b"r"])
+    before = store.recency_order()
+    if kwargs.get("rank") is True:
+        kwargs = {**kwargs, "rank": store.new_rank()}
+    for call in (store.prepare_store, store.prepare_load):
+        with pytest.raises(error, match=match):
+            call([b"a", b"b"] if call == store.prepare_store else [b"r", b"r"], **kwargs)
+    assert store.recency_order() == before
+    assert (store.stats().pending, store.stats().pinned) == (1, 0)
+
+
+def test_prepare_store_hands_back_the_callers_key_objects():
+    keys = [bytes([i]) * 36 for i in range(3)]
+    plan = CpuStore(4).prepare_store(keys)
+    assert all(a is b for a, b in zip(plan.keys, keys, strict=True))

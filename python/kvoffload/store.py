@@ -93,6 +93,14 @@ def _int64s(raw: bytes) -> npt.NDArray[np.int64]:
     return np.frombuffer(raw, dtype=_INT64)
 
 
+def _check_positions(rank: int | None, positions: Sequence[int] | None) -> None:
+    if positions is not None and rank is None:
+        raise ValueError(
+            "positions were given without a rank: they place keys within a request's rank "
+            "(from new_rank); pass both, or neither"
+        )
+
+
 class CpuStore:
     """The CPU-tier store: `num_slots` chunk-sized slots and the keys that live in them.
 
@@ -163,6 +171,7 @@ class CpuStore:
         `positions` (one per key) replaces `first_position + j` when a call's keys are not
         consecutive; a negative one means "no position": a new key then takes a plain use and a
         resident one stays where it is."""
+        _check_positions(rank, positions)
         out = self._inner.prepare_store(keys, rank, first_position, positions)
         if out is None:
             return None
@@ -198,6 +207,7 @@ class CpuStore:
         """Pins every key (all must be ready) for a load and returns their slots. With a `rank`,
         each key moves up to its place in that request's group if it sorts below it (see
         `prepare_store`)."""
+        _check_positions(rank, positions)
         return _int64s(self._inner.prepare_load(keys, rank, first_position, positions))
 
     def complete_load(self, keys: Keys) -> None:

@@ -21,30 +21,38 @@ TPC = 16  # tokens per chunk: key positions are chunk ends
 class Req:
     rid: str
     keys: list[bytes]
+    positions: list[int]
     ctxs: tuple[ReqContext, ReqContext]
     stored_upto: int = 0
     loads: list[list[bytes]] = field(default_factory=list)
 
 
-def docs(rng: random.Random, n: int) -> list[list[bytes]]:
-    """Key sequences over a prefix tree: requests share heads and differ in tails."""
+def docs(rng: random.Random, n: int) -> list[tuple[list[bytes], list[int]]]:
+    """Key sequences over a prefix tree (requests share heads and differ in tails), with their
+    positions. A third of the requests are of a hybrid model: each chunk has a key per KV group
+    (group 0 and 1) at the same position, as vLLM keys them."""
     trunks = [[rng.randbytes(8) for _ in range(rng.randint(2, 12))] for _ in range(4)]
     out = []
     for _ in range(n):
         hashes = rng.choice(trunks)[: rng.randint(1, 12)] + [
             rng.randbytes(8) for _ in range(rng.randint(0, 10))
         ]
-        out.append([make_offload_key(h, rng.choice([0, 0, 0, 1])) for h in hashes])
+        groups = (0, 1) if rng.random() < 0.33 else (0,)
+        keys = [make_offload_key(h, g) for h in hashes for g in groups]
+        positions = [(i + 1) * TPC for i in range(len(hashes)) for _ in groups]
+        out.append((keys, positions))
     return out
 
 
-def new_req(rid: str, keys: list[bytes], unpositioned: bool) -> Req:
+def new_req(rid: str, keys: list[bytes], positions: list[int], unpositioned: bool) -> Req:
+    """With `unpositioned`, the last key's position is set only when the request finishes (or
+    never)."""
     ctxs = (ReqContext(rid), ReqContext(rid))
     for ctx in ctxs:
-        for i, key in enumerate(keys):
+        for i, (key, p) in enumerate(zip(keys, positions, strict=True)):
             if not (unpositioned and i == len(keys) - 1):
-                ctx.set_offload_key_position(key, (i + 1) * TPC)
-    return Req(rid, keys, ctxs)
+                ctx.set_offload_key_position(key, p)
+    return Req(rid, keys, positions, ctxs)
 
 
 def spec_ids(spec) -> list[int]:
@@ -67,16 +75,16 @@ def events(manager) -> list[tuple]:
 def replay(seed: int, policy: str, num_chunks: int, steps: int) -> dict[str, int]:
     rng = random.Random(seed)
     theirs = CPUOffloadingManager(num_chunks, cache_policy=policy, enable_events=True)
-    ours = KVOffloadManager(num_chunks, policy, enable_events=True)
+    ours = KVOffloadManager(num_chunks, policy, enable_events=True, num_kv_groups=2)
     managers = (theirs, ours)
     exact = policy == "lru"
     active: list[Req] = []
     stores: list[tuple[Req, list[bytes]]] = []
     counts = dict.fromkeys(["hits", "stored", "evicted", "failed", "resets", "finished"], 0)
     all_keys: set[bytes] = set()
-    for n, keys in enumerate(docs(rng, steps)):
+    for n, (keys, positions) in enumerate(docs(rng, steps)):
         all_keys.update(keys)
-        req = new_req(f"r{n}", keys, unpositioned=rng.random() < 0.1)
+        req = new_req(f"r{n}", keys, positions, unpositioned=rng.random() < 0.1)
         for m, ctx in zip(managers, req.ctxs, strict=True):
             m.on_new_request(ctx)
         active.append(req)
@@ -137,7 +145,10 @@ def replay(seed: int, policy: str, num_chunks: int, steps: int) -> dict[str, int
                 for m, c in zip(managers, req.ctxs, strict=True):
                     m.touch([k for k in part if m.lookup(k, c) is not LookupResult.MISS], c)
             elif op < 0.99 and not req.loads:
+                late = rng.random() < 0.5
                 for m, c in zip(managers, req.ctxs, strict=True):
+                    if late:
+                        c.set_offload_key_position(req.keys[-1], req.positions[-1])
                     m.on_request_finished(c)
                 active.remove(req)
                 counts["finished"] += 1
@@ -183,3 +194,39 @@ def test_lru_replay_matches_vllm_step_by_step(seed, num_chunks):
 def test_arc_replay_stays_consistent(seed):
     counts = replay(seed, "arc", 12, steps=200)
     assert counts["hits"] > 0 and counts["evicted"] > 0
+
+
+def test_positions_set_after_a_keys_first_use_count_at_the_finish():
+    """A key stored before its position is known: vLLM orders the finished request by the
+    positions it reads then (c is the tail), not by first use (c first)."""
+
+    def evicted_after(manager) -> list[bytes]:
+        r = ReqContext("r")
+        a, b, c = (make_offload_key(h, 0) for h in (b"a", b"b", b"c"))
+        manager.on_new_request(r)
+        manager.complete_store(manager.prepare_store([c], r).keys_to_store, r)
+        for key, position in ((c, 48), (a, 16), (b, 32)):
+            r.set_offload_key_position(key, position)
+        manager.complete_store(manager.prepare_store([a, b], r).keys_to_store, r)
+        manager.on_request_finished(r)
+        s = ReqContext("s")
+        manager.on_new_request(s)
+        return list(manager.prepare_store([make_offload_key(b"d", 0)], s).evicted_keys)
+
+    theirs = evicted_after(CPUOffloadingManager(3, cache_policy="lru"))
+    assert theirs == [make_offload_key(b"c", 0)]
+    assert evicted_after(KVOffloadManager(3, "lru")) == theirs
+
+
+def test_a_key_completed_twice_in_one_call_completes_once():
+    ctx = ReqContext("r")
+    key = make_offload_key(b"k", 0)
+    for manager in (
+        CPUOffloadingManager(2, enable_events=True),
+        KVOffloadManager(2, enable_events=True),
+    ):
+        manager.on_new_request(ctx)
+        manager.prepare_store([key], ctx)
+        manager.complete_store([key, key], ctx)
+        assert manager.lookup(key, ctx) is LookupResult.HIT
+        assert events(manager) == [((key,), False, False)]

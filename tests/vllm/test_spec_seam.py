@@ -52,6 +52,8 @@ def test_vllm_builds_our_manager_and_worker(model_dir):
         ({"offload_prompt_only": "no"}, ConfigError, "offload_prompt_only='no'"),
         ({"cpu_bytes_to_use": 100}, ConfigError, "cpu_bytes_to_use=100 holds no chunk"),
         ({"store_threshold": 2}, ConfigError, "store_threshold=2 is not supported"),
+        ({"store_threshold": "x"}, ConfigError, "store_threshold='x' is invalid: expected an int"),
+        ({"block_size": 0}, ConfigError, r"block_size=0 is invalid: a chunk is a positive"),
         ({"cache_policy_module_path": "x.y"}, ConfigError, "cache_policy_module_path is not"),
         ({"canonical_layout": True}, NotSupportedError, "canonical_layout is not supported"),
     ],
@@ -62,9 +64,8 @@ def test_bad_config_stops_start_up_naming_the_key(model_dir, extra, error, match
 
 
 def test_vllm_cpu_spec_keys_that_change_nothing_are_accepted(model_dir):
-    rig = make_rig(
-        model_dir, connector="spec", extra={"store_threshold": 1, "max_tracker_size": 10}
-    )
+    extra = {"store_threshold": "1", "max_tracker_size": 10, "cache_policy_module_path": None}
+    rig = make_rig(model_dir, connector="spec", extra=extra)
     assert spec_of(rig).num_chunks == 64
 
 

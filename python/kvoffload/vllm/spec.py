@@ -41,6 +41,7 @@ _VLLM = frozenset(
         "canonical_layout",
         "store_threshold",
         "max_tracker_size",
+        "cache_policy_module_path",
     }
 )
 _OTHER_SPEC = "vLLM's own CPU spec (remove spec_name and spec_module_path)"
@@ -50,7 +51,9 @@ class KVOffloadSpec(OffloadingSpec):
     """Built by vLLM from `kv_connector_extra_config`: the same keys as vLLM's CPU spec with the
     same meaning (`cpu_bytes_to_use` required, total over all workers; `eviction_policy` `lru` or
     `arc`; `offload_prompt_only`; `block_size` or `blocks_per_chunk`). A bad value stops start-up
-    with a `ConfigError` naming the key."""
+    with a `ConfigError` naming the key. The tier holds `cpu_bytes_to_use // chunk bytes` chunks:
+    vLLM's CPU spec rounds each chunk up to a 4 KiB page first, so with chunks that are not whole
+    pages this tier holds a few more."""
 
     @classmethod
     def build_metric_definitions(
@@ -68,6 +71,13 @@ class KVOffloadSpec(OffloadingSpec):
     def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
         extra = dict(config.extra_config)
+        if self.blocks_per_chunk < 1:  # vLLM turns block_size=0 into 0 blocks per chunk
+            given = {k: extra[k] for k in ("block_size", "blocks_per_chunk") if k in extra}
+            raise ConfigError(
+                f"{', '.join(f'{k}={v!r}' for k, v in given.items())} is invalid: a chunk "
+                f"is a positive multiple of the GPU block size ({config.groups[0].tokens_per_block}"
+                " tokens)"
+            )
         _check_unsupported(extra, config)
         unknown = sorted(set(extra) - set(_OURS) - _VLLM)
         if unknown:
@@ -119,7 +129,11 @@ class KVOffloadSpec(OffloadingSpec):
 
 def _check_unsupported(extra: dict[str, Any], config: OffloadingConfig) -> None:
     threshold = extra.get("store_threshold", 0)
-    if type(threshold) is not int or threshold >= 2:
+    try:
+        filters = int(threshold) >= 2  # read as vLLM reads it: below 2 it filters nothing
+    except (TypeError, ValueError):
+        raise ConfigError(f"store_threshold={threshold!r} is invalid: expected an int") from None
+    if filters:
         raise ConfigError(
             f"store_threshold={threshold!r} is not supported by KVOffloadSpec (every offered "
             f"chunk is stored); remove it, or use {_OTHER_SPEC}"

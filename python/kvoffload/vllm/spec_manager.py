@@ -54,7 +54,8 @@ class _Access:
 
 
 class KVOffloadManager(OffloadingManager):
-    """The scheduler-side manager of `KVOffloadSpec`: a `CpuStore` of `num_chunks` slots.
+    """The scheduler-side manager of `KVOffloadSpec`: a `CpuStore` of `num_chunks` slots, for
+    keys of `num_kv_groups` KV-cache groups (the group index is a key's last 4 bytes).
 
     `lookup` is called by vLLM once per key: it answers from two sets mirroring the store's
     resident and pending keys, kept in step by the batch calls that change them, so that no
@@ -67,7 +68,7 @@ class KVOffloadManager(OffloadingManager):
         eviction_policy: str = "lru",
         *,
         enable_events: bool = False,
-        num_kv_groups: int | None = None,
+        num_kv_groups: int = 1,
         config_info: ConfigInfoMapping | None = None,
     ) -> None:
         self._num_chunks = num_chunks
@@ -82,7 +83,8 @@ class KVOffloadManager(OffloadingManager):
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._allocation_sizes: list[int] = []
         self._config_info: ConfigInfoMapping = config_info or {}
-        # With one KV group (when known) a finishing request's keys need no grouping.
+        if type(num_kv_groups) is not int or num_kv_groups < 1:
+            raise ValueError(f"num_kv_groups={num_kv_groups!r} is invalid; allowed: an int >= 1")
         self._num_kv_groups = num_kv_groups
 
     @property
@@ -97,6 +99,18 @@ class KVOffloadManager(OffloadingManager):
             state = _Access(self, self._generation)
             ctx.set_state(state)
         return state
+
+    def _ranked(self, keys: Sequence[bytes], positions: list[int]) -> list[int]:
+        """The positions to rank `keys` by. vLLM breaks a tie between two keys of a request at
+        one position (one per KV group) by key bytes, i.e. the smaller group index leaves first:
+        scaling positions by the number of groups keeps that order in the rank."""
+        g = self._num_kv_groups
+        if g == 1:
+            return positions
+        return [
+            p * g + g - 1 - min(int.from_bytes(k[-4:], "big"), g - 1) if p >= 0 else -1
+            for k, p in zip(keys, positions, strict=True)
+        ]
 
     def _record(self, state: _Access, keys: Sequence[bytes], positions: list[int | None]) -> None:
         """The request's first use of `keys` (at `positions`)."""
@@ -142,7 +156,9 @@ class KVOffloadManager(OffloadingManager):
                 new_keys.append(key)
                 new_positions.append(p)
             self._record(state, new_keys, new_positions)
-        slots = self._store.prepare_load(keys, rank=state.rank, positions=positions)
+        slots = self._store.prepare_load(
+            keys, rank=state.rank, positions=self._ranked(keys, positions)
+        )
         if self._arc:
             state.reused.update(k for k in keys if k not in state.inserted)
         return _cpu_spec(slots)
@@ -183,11 +199,17 @@ class KVOffloadManager(OffloadingManager):
                     for key, a, f in zip(keys, absent, fresh, strict=True)
                 ]
             )
+        if self._arc:  # ready keys offered again are a reuse, even when nothing can be stored
+            state.reused.update(
+                k for k in keys if k in resident and k not in pending and k not in state.inserted
+            )
         if num_new:
             self._allocation_sizes.append(num_new)
         elif max(positions, default=-1) < 0:
             return PrepareStoreOutput([], CPULoadStoreSpec([]), [])
-        plan = self._store.prepare_store(keys, rank=state.rank, positions=positions)
+        plan = self._store.prepare_store(
+            keys, rank=state.rank, positions=self._ranked(keys, positions)
+        )
         if plan is None:
             return None
         evicted = cast("list[OffloadKey]", plan.evicted)
@@ -197,9 +219,6 @@ class KVOffloadManager(OffloadingManager):
         pending.update(stored)
         if self._arc:
             state.inserted.update(stored)
-            state.reused.update(
-                k for k in keys if k in resident and k not in pending and k not in state.inserted
-            )
         if evicted and self._events is not None:
             self._events.append(OffloadingEvent(evicted, Medium.CPU, removed=True))
         return PrepareStoreOutput(stored, _cpu_spec(plan.slots), evicted)
@@ -208,6 +227,8 @@ class KVOffloadManager(OffloadingManager):
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
         pending = self._pending
+        if not isinstance(keys, set | frozenset):
+            keys = dict.fromkeys(keys)  # a key listed twice completes once
         # Keys no longer pending (the store was reset since) are skipped, as in vLLM.
         if pending.issuperset(keys):
             done = list(keys)
@@ -235,6 +256,11 @@ class KVOffloadManager(OffloadingManager):
         ):
             return
         state.finished = True
+        if state.unpositioned:  # positions are read at the finish in vLLM: some may be set now
+            position_of = _position_getter(req_context)
+            for key in state.seen:
+                state.seen[key] = position_of(key)
+            state.unpositioned = None in state.seen.values()
         order = _prefix_order(state.seen, not state.unpositioned, self._num_kv_groups == 1)
         if not self._arc:
             self._store.touch(order)

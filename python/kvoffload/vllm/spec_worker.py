@@ -55,6 +55,9 @@ class KVOffloadWorker(OffloadingWorker):
             ) from exc
 
     def _placement(self, gpu: GPULoadStoreSpec) -> int:
+        """Blocks to skip in the job's first chunk."""
+        if not len(gpu.block_ids):  # an empty group places nothing (vLLM skips it)
+            return 0
         (first,) = gpu.block_indices  # one group: the constructor refused more
         return int(first) % self.blocks_per_chunk
 

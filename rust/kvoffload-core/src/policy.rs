@@ -317,12 +317,15 @@ impl Ranked {
         self.heap.push(Reverse((rank, i)));
         self.live += 1;
         // Stale entries are at most twice the live ones (plus slack): rebuilding is linear.
+        // A slot freed and taken again at an equal rank leaves equal entries: keep one.
         if self.heap.len() > 2 * self.live as usize + 64 {
-            let current: Vec<_> = self
+            let mut current: Vec<_> = self
                 .heap
                 .drain()
                 .filter(|e| is_current(nodes, e.0))
                 .collect();
+            current.sort_unstable();
+            current.dedup();
             self.heap = BinaryHeap::from(current);
         }
     }

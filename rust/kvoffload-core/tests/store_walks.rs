@@ -369,3 +369,25 @@ fn lru_positions_per_key() {
     assert_eq!(order(&s), vec![vec![10, 13, 12, 14, 11]]);
     s.check_invariants();
 }
+
+#[test]
+fn lru_order_stays_small_when_a_key_keeps_failing_at_one_rank() {
+    // A failed store frees the slot; the retry takes it back at the same rank: the order must
+    // not keep the equal entries that leaves behind.
+    let mut s = Store::new(4, PolicyKind::Lru, false).unwrap();
+    let r = s.new_rank();
+    let each = [16];
+    let batch = RankedBatch {
+        rank: r,
+        positions: Positions::Each(&each),
+    };
+    let before = s.stats().metadata_bytes_per_slot;
+    for _ in 0..10_000 {
+        s.prepare_store_ranked(&ks(&[1]), Some(batch))
+            .unwrap()
+            .unwrap();
+        s.complete_store(&ks(&[1]), false).unwrap();
+    }
+    s.check_invariants();
+    assert!(s.stats().metadata_bytes_per_slot < before + 1024.0);
+}

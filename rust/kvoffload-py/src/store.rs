@@ -3,6 +3,7 @@
 use crate::errors::{to_py, KVOffloadError};
 use crate::keys::{bytes_list, int64_bytes, KeyArg};
 use kvoffload_core::{Error, EventKind, PolicyKind, Positions, RankedBatch};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::{Mutex, MutexGuard};
@@ -71,7 +72,7 @@ impl Store {
         keys: &Bound<'py, PyAny>,
         rank: Option<u64>,
         first_position: i64,
-        positions: Option<Vec<i64>>,
+        positions: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<
         Option<(
             Bound<'py, PyAny>,
@@ -81,6 +82,7 @@ impl Store {
         )>,
     > {
         let arg = KeyArg::extract(keys)?;
+        let positions = positions.map(extract_positions).transpose()?;
         let batch = ranked(rank, first_position, positions.as_deref());
         let Some(plan) = self.with_keys(py, &arg, |s, k| s.prepare_store_ranked(k, batch))? else {
             return Ok(None);
@@ -131,8 +133,9 @@ impl Store {
         keys: &Bound<'py, PyAny>,
         rank: Option<u64>,
         first_position: i64,
-        positions: Option<Vec<i64>>,
+        positions: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyBytes>> {
+        let positions = positions.map(extract_positions).transpose()?;
         let batch = ranked(rank, first_position, positions.as_deref());
         let slots = self.with_keys(py, &KeyArg::extract(keys)?, |s, k| {
             s.prepare_load_ranked(k, batch)
@@ -204,6 +207,14 @@ impl Store {
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.lock().map(|s| s.check_invariants()))
     }
+}
+
+fn extract_positions(positions: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    positions.extract().map_err(|e| {
+        PyTypeError::new_err(format!(
+            "positions must be a sequence of ints (64-bit), one per key: {e}"
+        ))
+    })
 }
 
 fn ranked(rank: Option<u64>, first_position: i64, each: Option<&[i64]>) -> Option<RankedBatch<'_>> {
