@@ -105,8 +105,9 @@ class Run:
     wall: float
 
 
-def run_trace(connector: str, trace: Trace, model_dir: str) -> Run:
-    rig = make_rig(
+def trace_rig(connector: str, trace: Trace, model_dir: str) -> Any:
+    """The rig a trace runs on, with `connector` (see `make_rig`); KV bytes are not checked."""
+    return make_rig(
         model_dir,
         connector=connector,
         vllm_worker=NoCopyWorker,
@@ -119,6 +120,10 @@ def run_trace(connector: str, trace: Trace, model_dir: str) -> Run:
         verify=False,
         max_model_len=40_000,
     )
+
+
+def run_trace(connector: str, trace: Trace, model_dir: str) -> Run:
+    rig = trace_rig(connector, trace, model_dir)
     clock = HookClock()
     conn = rig.connector
     for name in HOOKS:

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from bench_connector import CHUNK, TPB, Trace, make_trace
+from bench_connector import Trace, make_trace, trace_rig
 
 pytest.importorskip("vllm.config", reason="vLLM is not installed (`make test` installs it)")
 
-from rig import NoCopyWorker, make_rig, stored_chunks, write_model_dir
+from rig import stored_chunks, write_model_dir
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
@@ -99,19 +99,7 @@ class SpecRun:
 
 
 def run_trace(spec: str, trace: Trace, model_dir: str) -> SpecRun:
-    rig = make_rig(
-        model_dir,
-        connector=spec,
-        vllm_worker=NoCopyWorker,
-        tokens_per_block=TPB,
-        chunk_tokens=CHUNK,
-        cpu_chunks=trace.cpu_chunks,
-        num_gpu_blocks=trace.gpu_blocks,
-        max_num_batched_tokens=trace.batched_tokens,
-        max_num_seqs=8,
-        verify=False,
-        max_model_len=40_000,
-    )
+    rig = trace_rig(spec, trace, model_dir)
     sched = rig.connector.connector_scheduler
     manager = sched.manager
     if spec == "vllm":

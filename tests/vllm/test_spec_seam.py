@@ -11,18 +11,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from rig import BLOCK_BYTES, BPC, make_rig, next_token, prompt
-from test_connector_lifecycle import Stall
+from rig import BLOCK_BYTES, BPC, make_rig, prompt
+from test_connector_lifecycle import Stall, expected_outputs
 
 from kvoffload import ConfigError, NotSupportedError
 from kvoffload.vllm import KVOffloadManager, KVOffloadSpec, KVOffloadWorker
-
-
-def expected_outputs(tokens: list[int], n: int) -> list[int]:
-    tokens = list(tokens)
-    for _ in range(n):
-        tokens.append(next_token(tokens))
-    return tokens[-n:]
 
 
 def spec_of(rig) -> KVOffloadSpec:
