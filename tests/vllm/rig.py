@@ -209,6 +209,12 @@ class Rig:
     def connector(self) -> Any:
         return self.scheduler.connector
 
+    def flushed_job_ids(self, meta: Any) -> set[int]:
+        """The jobs a step's metadata tells the workers to wait for, whichever seam."""
+        if hasattr(meta, "flush_job_ids"):
+            return set(meta.flush_job_ids)
+        return set(meta.jobs_to_flush or ())
+
     def cpu_store(self) -> Any:
         """Our `CpuStore` behind either seam."""
         c = self.connector

@@ -144,18 +144,11 @@ class KVOffloadManager(OffloadingManager):
         if seen.keys().isdisjoint(keys):
             found = list(map(position_of, keys))
             self._record(state, keys, found)
-            positions = _or_minus_one(found)
         else:
-            positions, new_keys, new_positions = [], [], []
-            for key in keys:
-                if key in seen:
-                    positions.append(-1)
-                    continue
-                p = position_of(key)
-                positions.append(-1 if p is None else p)
-                new_keys.append(key)
-                new_positions.append(p)
-            self._record(state, new_keys, new_positions)
+            fresh = [key not in seen for key in keys]
+            found = [position_of(k) if f else None for k, f in zip(keys, fresh, strict=True)]
+            self._record(state, list(compress(keys, fresh)), list(compress(found, fresh)))
+        positions = _or_minus_one(found)
         slots = self._store.prepare_load(
             keys, rank=state.rank, positions=self._ranked(keys, positions)
         )
@@ -181,7 +174,6 @@ class KVOffloadManager(OffloadingManager):
             num_new = len(keys)
             found = list(map(position_of, keys))
             self._record(state, keys, found)
-            positions = _or_minus_one(found)
         else:
             # Absent keys take their position; ready keys the request has not used yet move up
             # to theirs; pending keys are not a use (as in vLLM).
@@ -191,14 +183,12 @@ class KVOffloadManager(OffloadingManager):
                 (a or key not in pending) and key not in seen
                 for key, a in zip(keys, absent, strict=True)
             ]
-            new_keys = list(compress(keys, fresh))
-            self._record(state, new_keys, list(map(position_of, new_keys)))
-            positions = _or_minus_one(
-                [
-                    position_of(key) if a or f else None
-                    for key, a, f in zip(keys, absent, fresh, strict=True)
-                ]
-            )
+            found = [
+                position_of(key) if a or f else None
+                for key, a, f in zip(keys, absent, fresh, strict=True)
+            ]
+            self._record(state, list(compress(keys, fresh)), list(compress(found, fresh)))
+        positions = _or_minus_one(found)
         if self._arc:  # ready keys offered again are a reuse, even when nothing can be stored
             state.reused.update(
                 k for k in keys if k in resident and k not in pending and k not in state.inserted
