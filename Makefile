@@ -54,7 +54,7 @@ bench: build
 	$(PY) -m pytest benches -q --benchmark-only --benchmark-columns=min,median,rounds -p no:randomly -s
 
 run: build-ext
-	$(VENV)/bin/kvoffload simulate
+	$(VENV)/bin/kvoffload simulate --compare offload_prompt_only
 
 # The abi3 wheel benches/gpu_check.sh installs on a GPU host (no Rust there).
 wheel: $(VENV)/.deps

@@ -1,121 +1,497 @@
-"""The `kvoffload` command: `kvoffload simulate` runs the workload simulator."""
+"""The `kvoffload` command. `kvoffload simulate` replays a workload through the real offload
+scheduler and CPU-tier store around a model of a vLLM engine (no GPU, no vLLM) and prints what the
+CPU tier saves and costs; `--compare` puts two settings side by side, `--sweep-cpu-gib` sizes the
+tier.
+
+Exit codes: 0 done, 1 `--verify-data` found wrong bytes, 2 a usage error (the message names the
+flag and what it allows).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import json
+import math
+import os
 import sys
-from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
 
-from kvoffload.errors import KVOffloadError
+import kvoffload
 from kvoffload.scheduler import OffloadConfig
-from kvoffload.simulate import SimResult, Workload, simulate
+from kvoffload.simulate import engine as engine_mod
+from kvoffload.simulate.models import DEFAULT_MODEL, MODELS
+from kvoffload.simulate.report import SimResult, sweep_table, table
+from kvoffload.simulate.trace import TraceError, load_trace
+from kvoffload.simulate.workloads import WORKLOADS, SimRequest, Workload, describe
+from kvoffload.store import POLICY_NAMES
 
-# Llama-3-8B in bf16: 32 layers x K/V x 8 KV heads x 128 dims x 2 bytes per token.
-LLAMA3_8B_KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
+_MAX_GPU_BLOCKS = 1 << 22
+_MAX_SLOTS = 1 << 22
+"""The simulator keeps per-block and per-slot state in memory: 4M of each is plenty."""
+_MAX_TOKENS = 1 << 28
+"""Tokens a generated workload may hold in all (4 bytes each)."""
+_COUNT_MAX = 1 << 20
+COMPARISONS = ("offload_prompt_only", "eviction_policy")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvoffload", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+class UsageError(Exception):
+    """A bad flag or flag combination: exit code 2."""
+
+
+def _usage(prog: str, message: str) -> str:
+    return f"{prog}: error: {message}\n(`{prog} --help` lists the flags)\n"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, _usage(self.prog, message))
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected an int in {lo}..{hi:,}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def _sizes(text: str) -> list[float]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        sizes = [_positive(p) for p in parts]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated sizes in GiB, each a finite number > 0, got {text!r}"
+        ) from None
+    if len(set(sizes)) != len(sizes) or not 1 <= len(sizes) <= 16:
+        raise argparse.ArgumentTypeError(f"expected 1 to 16 distinct sizes, got {text!r}")
+    return sorted(sizes)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _workload_fields() -> dict[str, dict[str, Any]]:
+    """Every workload size flag: its bound, help and per-workload defaults."""
+    out: dict[str, dict[str, Any]] = {}
+    for wname, cls in WORKLOADS.items():
+        for f in dataclasses.fields(cls):
+            entry = out.setdefault(f.name, {"min": f.metadata["min"], "help": f.metadata["help"]})
+            entry.setdefault("defaults", {})[wname] = f.default
+    return out
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="kvoffload", description="KV-cache offloading tools.")
+    p.add_argument("--version", action="version", version=f"kvoffload {kvoffload.__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = sub.add_parser(
         "simulate",
-        help="run multi-turn chat sessions through the scheduler and CPU-tier store (no GPU)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="replay a workload through the scheduler and CPU tier (no GPU)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    w = Workload()
-    s.add_argument("--sessions", type=int, default=w.sessions)
-    s.add_argument("--turns", type=int, default=w.turns)
-    s.add_argument("--system-prompts", type=int, default=w.system_prompts)
-    s.add_argument("--system-prompt-tokens", type=int, default=w.system_prompt_tokens)
-    s.add_argument("--user-tokens", type=int, default=w.user_tokens)
-    s.add_argument("--answer-tokens", type=int, default=w.answer_tokens)
-    s.add_argument("--seed", type=int, default=w.seed)
-    s.add_argument("--tokens-per-block", type=int, default=16, help="GPU block size")
-    s.add_argument("--blocks-per-chunk", type=int, default=1)
-    s.add_argument("--cpu-gib", type=float, default=1.0, help="CPU tier size")
-    s.add_argument(
-        "--kv-bytes-per-token",
-        type=int,
-        default=LLAMA3_8B_KV_BYTES_PER_TOKEN,
-        help="KV bytes per token over all layers (default: Llama-3-8B, bf16)",
+    w = s.add_argument_group("workload")
+    w.add_argument(
+        "--workload",
+        choices=list(WORKLOADS),
+        default=None,
+        help="generated traffic (default: reasoning-chat)",
     )
-    s.add_argument("--eviction-policy", default="lru")
-    s.add_argument(
+    w.add_argument(
+        "--trace",
+        metavar="FILE.jsonl",
+        help="replay these requests instead; format in the README ('Simulator')",
+    )
+    w.add_argument("--seed", type=_int_in(0, 2**63 - 1), default=0, help="default: 0")
+    for name, f in _workload_fields().items():
+        defaults = ", ".join(f"{k} {v}" for k, v in f["defaults"].items())
+        w.add_argument(
+            _flag(name),
+            type=_int_in(f["min"], _COUNT_MAX),
+            metavar="N",
+            help=f"{f['help']} (default: {defaults})",
+        )
+
+    e = s.add_argument_group("engine model")
+    d = engine_mod.EngineConfig()
+    kv = e.add_mutually_exclusive_group()
+    kv.add_argument(
+        "--model",
+        choices=list(MODELS),
+        help=f"sets the KV bytes per token (default: {DEFAULT_MODEL}, bf16)",
+    )
+    kv.add_argument("--kv-bytes-per-token", type=_int_in(1, 1 << 30), metavar="N")
+    e.add_argument(
+        "--tokens-per-block", type=_int_in(1, 4096), default=16, metavar="N", help="default: 16"
+    )
+    e.add_argument(
+        "--blocks-per-chunk",
+        type=_int_in(1, 4096),
+        default=1,
+        metavar="N",
+        help="GPU blocks per offloaded chunk (default: 1)",
+    )
+    engine_flags: list[tuple[str, Callable[[str], Any], str]] = [
+        ("gpu_blocks", _int_in(1, _MAX_GPU_BLOCKS), "GPU KV-cache blocks"),
+        ("max_running", _int_in(1, 1 << 16), "requests running at once"),
+        ("max_batched_tokens", _int_in(1, 1 << 24), "tokens per step (chunked prefill)"),
+        ("pcie_gbps", _positive, "GB/s per direction"),
+        ("prefill_tokens_per_s", _positive, "prompt tokens computed per second"),
+        ("decode_step_ms", _positive, "time of a step without prompt tokens"),
+    ]
+    for name, parse, help in engine_flags:
+        e.add_argument(
+            _flag(name),
+            type=parse,
+            default=getattr(d, name),
+            metavar="N",
+            help=f"{help} (default: {getattr(d, name):g})",
+        )
+
+    o = s.add_argument_group("offloading")
+    o.add_argument("--cpu-gib", type=_positive, metavar="GIB", help="CPU tier size (default: 8)")
+    o.add_argument("--eviction-policy", choices=POLICY_NAMES, help="default: lru")
+    o.add_argument(
         "--offload-decode",
         action="store_true",
-        help="also store decode-phase KV (offload_prompt_only=false)",
+        help="also offload KV computed while decoding (offload_prompt_only=false)",
     )
-    s.add_argument("--max-load-tokens", type=int, default=None)
-    s.add_argument("--max-offload-tokens", type=int, default=None)
-    s.add_argument("--json", action="store_true", help="print the result as JSON")
+    o.add_argument(
+        "--max-load-tokens",
+        type=_int_in(0, 2**63 - 1),
+        metavar="N",
+        help="kv_transfer_params cap for every request (a trace line's own value wins)",
+    )
+    o.add_argument("--max-offload-tokens", type=_int_in(0, 2**63 - 1), metavar="N", help="likewise")
+
+    r = s.add_argument_group("runs and output")
+    r.add_argument("--compare", choices=COMPARISONS, help="run both values side by side")
+    r.add_argument(
+        "--sweep-cpu-gib",
+        type=_sizes,
+        metavar="LIST",
+        help="run each CPU tier size, e.g. 1,2,4,8,16",
+    )
+    r.add_argument("--plot", metavar="FILE.png", help="with --sweep-cpu-gib: plot it (matplotlib)")
+    r.add_argument(
+        "--verify-data",
+        action="store_true",
+        help="move real bytes with the transfer engine in CPU mode and check every load (torch)",
+    )
+    r.add_argument("--json", action="store_true", help="print only machine-readable JSON")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
-def _report(r: SimResult) -> str:
-    st, sc = r.store, r.scheduler
-    rows = [
-        ("requests", f"{r.requests}"),
-        ("prompt tokens", f"{r.prompt_tokens}"),
-        ("loaded from CPU tier", f"{r.loaded_tokens} ({r.hit_rate:.1%} of prompt tokens)"),
-        ("prefill tokens computed", f"{r.computed_prompt_tokens}"),
-        ("chunks stored / loaded", f"{sc['chunks_stored']} / {sc['chunks_loaded']}"),
-        (
-            "GiB stored / loaded",
-            f"{sc['bytes_stored'] / 2**30:.2f} / {sc['bytes_loaded'] / 2**30:.2f}",
-        ),
-        ("CPU tier slots used", f"{st['used_slots']} of {st['num_slots']}"),
-        ("evictions / store refusals", f"{st['evictions']} / {sc['store_refusals']}"),
-        ("deferred lookups", f"{sc['deferred_lookups']}"),
-        ("ignored request params", f"{sc['ignored_params'] or 'none'}"),
-        (
-            "scheduler time",
-            f"{r.scheduler_seconds * 1e3:.1f} ms over {r.steps} steps "
-            f"({r.scheduler_seconds / max(r.steps, 1) * 1e6:.1f} us/step)",
-        ),
+@dataclass(frozen=True)
+class _Setting:
+    label: str
+    offload_prompt_only: bool
+    eviction_policy: str
+
+
+def _settings(args: argparse.Namespace) -> list[_Setting]:
+    prompt_only = not args.offload_decode
+    policy = args.eviction_policy or "lru"
+    if args.compare == "offload_prompt_only":
+        if args.offload_decode:
+            raise UsageError("--offload-decode contradicts --compare offload_prompt_only")
+        # The baseline first: the change column then reads as what prompt-only does.
+        return [
+            _Setting("prompt-only off", False, policy),
+            _Setting("prompt-only on", True, policy),
+        ]
+    if args.compare == "eviction_policy":
+        if args.eviction_policy:
+            raise UsageError("--eviction-policy contradicts --compare eviction_policy")
+        return [_Setting(p, prompt_only, p) for p in POLICY_NAMES]
+    return [_Setting("result", prompt_only, policy)]
+
+
+def _workload(args: argparse.Namespace) -> tuple[list[SimRequest], dict[str, Any]]:
+    given = {n for n in _workload_fields() if getattr(args, n) is not None}
+    if args.trace is not None:
+        if args.workload is not None or given:
+            flags = ["--workload"] * (args.workload is not None) + [_flag(n) for n in sorted(given)]
+            raise UsageError(f"{', '.join(flags)} cannot be combined with --trace")
+        try:
+            requests = load_trace(args.trace, seed=args.seed)
+        except TraceError as e:
+            raise UsageError(str(e)) from None
+        return requests, {"trace": args.trace, "requests": len(requests), "seed": args.seed}
+    cls = WORKLOADS[args.workload or "reasoning-chat"]
+    own = {f.name for f in dataclasses.fields(cls)}
+    if given - own:
+        foreign = ", ".join(_flag(n) for n in sorted(given - own))
+        allowed = ", ".join(_flag(n) for n in sorted(own))
+        raise UsageError(f"{foreign} does not apply to --workload {cls.name} (it takes {allowed})")
+    workload: Workload = cls(**{n: getattr(args, n) for n in given})
+    if workload.num_tokens() > _MAX_TOKENS:
+        raise UsageError(
+            f"{describe(workload)} makes {workload.num_tokens():,} tokens; the simulator takes "
+            f"at most {_MAX_TOKENS:,}: use fewer or smaller requests"
+        )
+    info = {"name": cls.name, **dataclasses.asdict(workload), "seed": args.seed}
+    return workload.requests(args.seed), info
+
+
+def _with_caps(requests: list[SimRequest], args: argparse.Namespace) -> list[SimRequest]:
+    caps = {
+        k: v
+        for k, v in (
+            ("max_load_tokens", args.max_load_tokens),
+            ("max_offload_tokens", args.max_offload_tokens),
+        )
+        if v is not None
+    }
+    if not caps:
+        return requests
+    return [
+        dataclasses.replace(r, kv_transfer_params={**caps, **(r.kv_transfer_params or {})})
+        for r in requests
     ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _check_slots(cpu_gib: float, bytes_per_chunk: int) -> int:
+    slots = int(cpu_gib * 2**30) // bytes_per_chunk
+    if slots < 1:
+        raise UsageError(
+            f"--cpu-gib {cpu_gib:g} holds no chunk: one chunk is {bytes_per_chunk:,} bytes "
+            f"({bytes_per_chunk / 2**30:.4g} GiB)"
+        )
+    if slots > _MAX_SLOTS:
+        raise UsageError(
+            f"--cpu-gib {cpu_gib:g} makes {slots:,} chunks of {bytes_per_chunk:,} bytes; the "
+            f"simulator takes at most {_MAX_SLOTS:,}: raise --blocks-per-chunk"
+        )
+    return slots
+
+
+def _check_optional_imports(args: argparse.Namespace) -> None:
+    if args.plot is not None:
+        if args.sweep_cpu_gib is None:
+            raise UsageError("--plot needs --sweep-cpu-gib (it plots the sweep)")
+        parent = Path(args.plot).parent
+        if not parent.is_dir():
+            raise UsageError(f"--plot {args.plot}: directory {str(parent)!r} does not exist")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise UsageError("--plot needs matplotlib: pip install 'kvoffload[plot]'")
+    if args.verify_data and importlib.util.find_spec("torch") is None:
+        raise UsageError("--verify-data needs torch: pip install 'kvoffload[torch]'")
+
+
+def _progress(total: int, args: argparse.Namespace) -> Any:
+    try:
+        from tqdm import tqdm  # type: ignore[import-untyped]
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return None
+    off = args.quiet or args.json or not sys.stderr.isatty()
+    return tqdm(total=total, disable=off, delay=1.0, unit="req", file=sys.stderr, leave=False)
+
+
+def _emit(text: str) -> None:
+    """Prints; a reader that went away (`| head`) ends the output quietly."""
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python would complain again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    _check_optional_imports(args)
+    if args.sweep_cpu_gib is not None and args.cpu_gib is not None:
+        raise UsageError("--cpu-gib and --sweep-cpu-gib are exclusive")
+    settings = _settings(args)
+    sizes = args.sweep_cpu_gib or [args.cpu_gib or 8.0]
+    model = args.model or DEFAULT_MODEL
+    kv_bytes = args.kv_bytes_per_token or MODELS[model]
+    bytes_per_chunk = kv_bytes * args.tokens_per_block * args.blocks_per_chunk
+    slots = {size: _check_slots(size, bytes_per_chunk) for size in sizes}
+    engine = engine_mod.EngineConfig(
+        gpu_blocks=args.gpu_blocks,
+        max_running=args.max_running,
+        max_batched_tokens=args.max_batched_tokens,
+        pcie_gbps=args.pcie_gbps,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        decode_step_ms=args.decode_step_ms,
+    )
+    requests, workload_info = _workload(args)
+    for r in requests:
+        need = engine.blocks_needed(r, args.tokens_per_block)
+        if need > engine.gpu_blocks:
+            raise UsageError(
+                f"--gpu-blocks {engine.gpu_blocks} is too small: request {r.request_id!r} "
+                f"({len(r.prompt):,} prompt + {len(r.output):,} output tokens) needs {need:,} "
+                f"blocks of {args.tokens_per_block} tokens"
+            )
+    requests = _with_caps(requests, args)
+    engine_info = {
+        **dataclasses.asdict(engine),
+        "model": None if args.kv_bytes_per_token else model,
+        "kv_bytes_per_token": kv_bytes,
+        "tokens_per_block": args.tokens_per_block,
+        "blocks_per_chunk": args.blocks_per_chunk,
+        "bytes_per_chunk": bytes_per_chunk,
+        "max_load_tokens": args.max_load_tokens,
+        "max_offload_tokens": args.max_offload_tokens,
+    }
+    bar = _progress(len(requests) * len(sizes) * len(settings), args)
+    grid: list[list[SimResult]] = []
+    try:
+        for size in sizes:
+            row = []
+            for st in settings:
+                config = OffloadConfig(
+                    tokens_per_block=args.tokens_per_block,
+                    blocks_per_chunk=args.blocks_per_chunk,
+                    cpu_bytes_to_use=int(size * 2**30),
+                    offload_prompt_only=st.offload_prompt_only,
+                    eviction_policy=st.eviction_policy,
+                )
+                row.append(_run(requests, engine, config, bytes_per_chunk, slots[size], args, bar))
+            grid.append(row)
+    finally:
+        if bar is not None:
+            bar.close()
+    labels = [st.label for st in settings]
+    if args.json:
+        runs = [
+            {
+                "label": st.label,
+                "cpu_gib": size,
+                "offload_prompt_only": st.offload_prompt_only,
+                "eviction_policy": st.eviction_policy,
+                "result": {
+                    **dataclasses.asdict(res),
+                    "cpu_hit_rate": res.cpu_hit_rate,
+                    "gpu_hit_rate": res.gpu_hit_rate,
+                },
+            }
+            for size, row in zip(sizes, grid, strict=True)
+            for st, res in zip(settings, row, strict=True)
+        ]
+        _emit(
+            json.dumps({"workload": workload_info, "engine": engine_info, "runs": runs}, indent=2)
+        )
+    else:
+        _emit(_header(workload_info, engine_info, sizes, settings))
+        if args.sweep_cpu_gib is None:
+            _emit(table(labels, grid[0]))
+        else:
+            _emit(sweep_table(sizes, labels, grid))
+    if args.plot is not None:
+        from kvoffload.simulate.plot import plot_sweep
+
+        title = _title(workload_info, engine_info)
+        plot_sweep(args.plot, sizes, labels, grid, title)
+    bad = sum(res.mismatched_blocks for row in grid for res in row)
+    if bad:
+        print(
+            f"kvoffload simulate: --verify-data: {bad} loaded blocks held wrong bytes",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _run(
+    requests: Sequence[SimRequest],
+    engine: engine_mod.EngineConfig,
+    config: OffloadConfig,
+    bytes_per_chunk: int,
+    num_slots: int,
+    args: argparse.Namespace,
+    bar: Any,
+) -> SimResult:
+    data = None
+    if args.verify_data:
+        from kvoffload.simulate.verify import TransferDataCheck
+
+        data = TransferDataCheck(engine.gpu_blocks, num_slots, config.blocks_per_chunk)
+    try:
+        return engine_mod.simulate(
+            requests,
+            engine,
+            config,
+            bytes_per_chunk,
+            data=data,
+            on_finish=(lambda: bar.update(1)) if bar is not None else (lambda: None),
+        )
+    finally:
+        if data is not None:
+            data.close()
+
+
+def _title(workload: dict[str, Any], engine: dict[str, Any]) -> str:
+    if "trace" in workload:
+        what = f"trace {workload['trace']} ({workload['requests']} requests)"
+    else:
+        sizes = ", ".join(
+            f"{k.replace('_', ' ')} {v}" for k, v in workload.items() if k not in ("name", "seed")
+        )
+        what = f"{workload['name']}: {sizes}"
+    model = engine["model"] or f"{engine['kv_bytes_per_token']:,} KV bytes/token"
+    return (
+        f"{what}\n{model}, {engine['tokens_per_block'] * engine['blocks_per_chunk']}-token chunks "
+        f"of {engine['bytes_per_chunk'] / 2**20:g} MiB, GPU cache {engine['gpu_blocks']:,} blocks, "
+        f"{engine['max_running']} running, PCIe {engine['pcie_gbps']:g} GB/s, prefill "
+        f"{engine['prefill_tokens_per_s']:,.0f} tok/s"
+    )
+
+
+def _header(
+    workload: dict[str, Any],
+    engine: dict[str, Any],
+    sizes: Sequence[float],
+    settings: Sequence[_Setting],
+) -> str:
+    tier = ", ".join(f"{s:g}" for s in sizes)
+    policies = sorted({st.eviction_policy for st in settings})
+    caps = [f"{k} {engine[k]}" for k in ("max_load_tokens", "max_offload_tokens") if engine[k]]
+    return (
+        f"{_title(workload, engine)}\nCPU tier {tier} GiB ({'/'.join(policies)})"
+        + (f", {', '.join(caps)}" if caps else "")
+        + "\n"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
     try:
-        config = OffloadConfig.from_dict(
-            {
-                "tokens_per_block": args.tokens_per_block,
-                "blocks_per_chunk": args.blocks_per_chunk,
-                "cpu_bytes_to_use": int(args.cpu_gib * 2**30),
-                "offload_prompt_only": not args.offload_decode,
-                "eviction_policy": args.eviction_policy,
-            }
-        )
-        workload = Workload(
-            sessions=args.sessions,
-            turns=args.turns,
-            system_prompts=args.system_prompts,
-            system_prompt_tokens=args.system_prompt_tokens,
-            user_tokens=args.user_tokens,
-            answer_tokens=args.answer_tokens,
-            seed=args.seed,
-        )
-        params: dict[str, Any] = {}
-        if args.max_load_tokens is not None:
-            params["max_load_tokens"] = args.max_load_tokens
-        if args.max_offload_tokens is not None:
-            params["max_offload_tokens"] = args.max_offload_tokens
-        bytes_per_chunk = args.kv_bytes_per_token * config.tokens_per_chunk
-        result = simulate(config, workload, bytes_per_chunk, params)
-    except (KVOffloadError, ValueError) as e:
-        print(f"kvoffload simulate: {e}", file=sys.stderr)
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or argparse's own usage error (2)
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        return simulate_command(args)
+    except UsageError as e:
+        sys.stderr.write(_usage("kvoffload simulate", str(e)))
         return 2
-    if args.json:
-        print(json.dumps({**asdict(result), "hit_rate": result.hit_rate}, indent=2))
-    else:
-        print(_report(result))
-    return 0
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

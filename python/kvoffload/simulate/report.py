@@ -1,0 +1,176 @@
+"""What a simulation measured, and how it is printed: one table, side by side when settings are
+compared, one row per CPU-tier size in a sweep."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SimResult:
+    requests: int = 0
+    prompt_tokens: int = 0
+    gpu_hit_tokens: int = 0
+    """Prompt tokens found in the GPU prefix cache."""
+    cpu_hit_tokens: int = 0
+    """Prompt tokens loaded from the CPU tier."""
+    recomputed_tokens: int = 0
+    """Prompt tokens computed (`prompt = GPU hits + CPU hits + recomputed`)."""
+    chunks_written: int = 0
+    decode_chunks_written: int = 0
+    """Written chunks holding any token past the prompt."""
+    bytes_written: int = 0
+    chunks_read: int = 0
+    bytes_read: int = 0
+    evictions: int = 0
+    store_refusals: int = 0
+    load_wait_seconds: float = 0.0
+    """Requests' time waiting for their loads, summed (other requests compute meanwhile)."""
+    load_stall_seconds: float = 0.0
+    """Time the GPU had nothing to compute because every runnable request waited for a load."""
+    prefill_seconds_saved: float = 0.0
+    """GPU time saved: CPU hits at the prefill rate, minus the load stalls."""
+    ttft_mean_s: float = 0.0
+    ttft_p90_s: float = 0.0
+    simulated_seconds: float = 0.0
+    steps: int = 0
+    scheduler_seconds: float = 0.0
+    """Real time spent inside the offload scheduler (and store)."""
+    verified_chunks: int = 0
+    mismatched_blocks: int = 0
+    ignored_params: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def cpu_hit_rate(self) -> float:
+        return self.cpu_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def gpu_hit_rate(self) -> float:
+        return self.gpu_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def scheduler_us_per_step(self) -> float:
+        return self.scheduler_seconds / self.steps * 1e6 if self.steps else 0.0
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.2f}"
+
+
+def _tokens(attr: str) -> Callable[[SimResult], tuple[float, str]]:
+    def row(r: SimResult) -> tuple[float, str]:
+        n = getattr(r, attr)
+        share = n / r.prompt_tokens if r.prompt_tokens else 0.0
+        return n, f"{n:,} ({share:.1%})"
+
+    return row
+
+
+# (label, value and its text); the value feeds the change column.
+ROWS: list[tuple[str, Callable[[SimResult], tuple[float, str]]]] = [
+    ("requests", lambda r: (r.requests, f"{r.requests:,}")),
+    ("prompt tokens", lambda r: (r.prompt_tokens, f"{r.prompt_tokens:,}")),
+    ("GPU prefix-cache hits", _tokens("gpu_hit_tokens")),
+    ("CPU-tier hits", _tokens("cpu_hit_tokens")),
+    ("tokens recomputed", _tokens("recomputed_tokens")),
+    ("chunks written GPU->CPU", lambda r: (r.chunks_written, f"{r.chunks_written:,}")),
+    (
+        "  of them past the prompt",
+        lambda r: (r.decode_chunks_written, f"{r.decode_chunks_written:,}"),
+    ),
+    ("GB written GPU->CPU", lambda r: (r.bytes_written, _gb(r.bytes_written))),
+    ("GB read CPU->GPU", lambda r: (r.bytes_read, _gb(r.bytes_read))),
+    ("evictions", lambda r: (r.evictions, f"{r.evictions:,}")),
+    ("store refusals", lambda r: (r.store_refusals, f"{r.store_refusals:,}")),
+    (
+        "prefill s saved (est.)",
+        lambda r: (r.prefill_seconds_saved, f"{r.prefill_seconds_saved:,.1f}"),
+    ),
+    ("mean TTFT s", lambda r: (r.ttft_mean_s, f"{r.ttft_mean_s:.3f}")),
+    ("p90 TTFT s", lambda r: (r.ttft_p90_s, f"{r.ttft_p90_s:.3f}")),
+    ("simulated s", lambda r: (r.simulated_seconds, f"{r.simulated_seconds:,.1f}")),
+    (
+        "scheduler us/step",
+        lambda r: (r.scheduler_us_per_step, f"{r.scheduler_us_per_step:.1f} ({r.steps:,} steps)"),
+    ),
+]
+
+
+def _change(a: float, b: float) -> str:
+    if a == b:
+        return "0%"
+    if a == 0:
+        return "new"
+    return f"{(b - a) / abs(a):+.1%}"
+
+
+def _grid(rows: Sequence[Sequence[str]], right_from: int = 1) -> str:
+    """Columns from `right_from` on are right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(
+            cell.ljust(w) if i < right_from else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    )
+
+
+def table(labels: Sequence[str], results: Sequence[SimResult]) -> str:
+    """One column per result; with two, a last column of the change from the first (the
+    baseline) to the second."""
+    rows = [["", *labels]]
+    if len(results) == 2:
+        rows[0].append("change")
+    for label, value in ROWS:
+        cells = [value(r) for r in results]
+        row = [label] + [text for _, text in cells]
+        if len(results) == 2 and label not in ("requests", "prompt tokens"):
+            row.append(_change(cells[0][0], cells[1][0]))
+        elif len(results) == 2:
+            row.append("")
+        rows.append(row)
+    ignored = {k: v for r in results for k, v in r.ignored_params.items()}
+    out = _grid(rows)
+    if any(r.verified_chunks for r in results):
+        out += "\nverified chunks: " + ", ".join(
+            f"{r.verified_chunks:,} ({r.mismatched_blocks} bad blocks)" for r in results
+        )
+    if ignored:
+        out += f"\nignored request params: {ignored}"
+    return out
+
+
+def sweep_table(
+    sizes: Sequence[float], labels: Sequence[str], results: Sequence[Sequence[SimResult]]
+) -> str:
+    """One row per CPU-tier size and setting; `results[i][j]` is size `sizes[i]`, setting
+    `labels[j]`."""
+    rows = [
+        [
+            "CPU GiB",
+            "setting",
+            "GPU hits",
+            "CPU hits",
+            "GB written",
+            "GB read",
+            "evictions",
+            "prefill s saved",
+        ]
+    ]
+    for size, per_setting in zip(sizes, results, strict=True):
+        for label, r in zip(labels, per_setting, strict=True):
+            rows.append(
+                [
+                    f"{size:g}",
+                    label,
+                    f"{r.gpu_hit_rate:.1%}",
+                    f"{r.cpu_hit_rate:.1%}",
+                    _gb(r.bytes_written),
+                    _gb(r.bytes_read),
+                    f"{r.evictions:,}",
+                    f"{r.prefill_seconds_saved:,.1f}",
+                ]
+            )
+    return _grid(rows, right_from=2)

@@ -1,0 +1,122 @@
+"""What `kvoffload simulate` prints: the comparison table, JSON, the sweep and its plot, and a
+quiet end when the reader goes away."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import kvoffload
+from kvoffload.cli import main
+
+# A small reasoning chat whose 10-chunk CPU tier is tight: decode chunks then crowd out prompts.
+SMALL = [
+    "--conversations", "6", "--turns", "3", "--system-prompts", "2",
+    "--system-prompt-tokens", "128", "--user-tokens", "32", "--thinking-tokens", "64",
+    "--answer-tokens", "32", "--gpu-blocks", "48", "--max-running", "4",
+    "--kv-bytes-per-token", "1024",
+]  # fmt: skip
+CPU_GIB = str(40 * 16 * 1024 / 2**30)  # 40 chunks
+
+
+def test_compare_prompt_only_prints_both_columns_and_the_change(capsys):
+    assert main(["simulate", *SMALL, "--cpu-gib", CPU_GIB, "--compare", "offload_prompt_only"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""  # no progress bar without a terminal
+    lines = out.splitlines()
+    assert lines[0].startswith("reasoning-chat: conversations 6, turns 3, system prompts 2")
+    assert "1,024 KV bytes/token, 16-token chunks of 0.015625 MiB, GPU cache 48 blocks" in lines[1]
+    assert lines[2] == f"CPU tier {float(CPU_GIB):g} GiB (lru)"
+    head = lines[4].split()
+    assert head == ["prompt-only", "off", "prompt-only", "on", "change"]
+    rows = {line[:27].strip(): line[27:].split() for line in lines[5:]}
+    off, on = int(rows["chunks written GPU->CPU"][0]), int(rows["chunks written GPU->CPU"][1])
+    assert on < off
+    assert rows["chunks written GPU->CPU"][2] == f"{(on - off) / off:+.1%}"
+    assert rows["of them past the prompt"][1] == "0"
+    assert rows["requests"] == ["18", "18"]
+
+
+def test_json_echoes_the_workload_and_config(capsys):
+    assert main(["simulate", *SMALL, "--cpu-gib", CPU_GIB, "--json", "--seed", "3"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["workload"] == {
+        "name": "reasoning-chat",
+        "conversations": 6,
+        "turns": 3,
+        "system_prompts": 2,
+        "system_prompt_tokens": 128,
+        "user_tokens": 32,
+        "thinking_tokens": 64,
+        "answer_tokens": 32,
+        "seed": 3,
+    }
+    assert out["engine"]["model"] is None
+    assert out["engine"]["kv_bytes_per_token"] == 1024
+    (run,) = out["runs"]
+    assert (run["offload_prompt_only"], run["eviction_policy"]) == (True, "lru")
+    assert run["cpu_gib"] == float(CPU_GIB)
+    r = run["result"]
+    assert r["cpu_hit_rate"] == r["cpu_hit_tokens"] / r["prompt_tokens"]
+
+
+def test_model_presets_set_the_chunk_size(capsys):
+    assert main(["simulate", "--model", "llama-3-70b", "--json", "--conversations", "2"]) == 0
+    import json
+
+    engine = json.loads(capsys.readouterr().out)["engine"]
+    # 80 layers x K and V x 8 heads x 128 dims x 2 bytes, 16 tokens per chunk.
+    assert engine["kv_bytes_per_token"] == 80 * 2 * 8 * 128 * 2
+    assert engine["bytes_per_chunk"] == 16 * 327_680
+
+
+def test_compare_eviction_policy_runs_lru_and_arc(capsys):
+    assert main(["simulate", *SMALL, "--cpu-gib", CPU_GIB, "--compare", "eviction_policy"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[4].split() == ["lru", "arc", "change"]
+
+
+def test_sweep_plots_a_readable_png(tmp_path, capsys):
+    image = pytest.importorskip("matplotlib.image")
+    png = tmp_path / "sweep.png"
+    sizes = ",".join(str(n * 16 * 1024 / 2**30) for n in (8, 16, 64))
+    argv = [*SMALL, "--sweep-cpu-gib", sizes, "--compare", "offload_prompt_only"]
+    assert main(["simulate", *argv, "--plot", str(png)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[4].split()[:4] == ["CPU", "GiB", "setting", "GPU"]
+    assert len(out) == 5 + 3 * 2  # one row per size and setting
+    pixels = image.imread(png)
+    assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 400
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep.png"]  # no temporary left
+
+
+def test_a_reader_that_goes_away_ends_it_quietly():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvoffload.cli", "simulate", *SMALL, "--cpu-gib", CPU_GIB],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # `| head -0`: gone before the first line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0
+    assert err == b""
+
+
+def test_head_takes_the_first_line():
+    cmd = (
+        f"set -o pipefail; {sys.executable} -m kvoffload.cli simulate {' '.join(SMALL)} "
+        f"--cpu-gib {CPU_GIB} | head -1"
+    )
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("reasoning-chat: conversations 6")
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"kvoffload {kvoffload.__version__}"

@@ -1,0 +1,117 @@
+"""A hand-computed trace through the CLI: every number in the table follows from the arithmetic
+in the comments."""
+
+from __future__ import annotations
+
+import pytest
+from sim_helpers import TINY, seg, write_trace
+
+# A: system prompt (64 tokens = 4 blocks) + its question (16) -> 5 blocks, all stored.
+# B: 96 unrelated tokens -> 6 blocks: with 6 GPU blocks it evicts all of A's from the GPU cache.
+# C: the same system prompt + another question: the GPU cache has none of it, the CPU tier has
+#    A's first 4 chunks -> loads 64 tokens, computes 16, stores its 1 new chunk.
+THREE = [
+    {"id": "A", "arrival": 0, "prompt": [seg("sys", 64), seg("a", 16)], "output_tokens": 1},
+    {"id": "B", "arrival": 10, "prompt": [seg("other", 96)], "output_tokens": 1},
+    {"id": "C", "arrival": 20, "prompt": [seg("sys", 64), seg("b", 16)], "output_tokens": 1},
+]
+ENGINE = ["--gpu-blocks", "6", "--max-running", "1", *TINY]
+
+
+def test_three_requests_give_exactly_the_computed_hits_and_writes(tmp_path, run_cli):
+    trace = write_trace(tmp_path / "t.jsonl", THREE)
+    code, out, _ = run_cli("--trace", trace, *ENGINE)
+    assert code == 0
+    (run,) = out["runs"]
+    r = run["result"]
+    assert r["prompt_tokens"] == 80 + 96 + 80
+    assert r["gpu_hit_tokens"] == 0
+    assert r["cpu_hit_tokens"] == 64
+    assert r["recomputed_tokens"] == 80 + 96 + 16
+    assert r["chunks_written"] == 5 + 6 + 1
+    assert r["bytes_written"] == 12 * 16 * 1024
+    assert (r["chunks_read"], r["bytes_read"]) == (4, 4 * 16 * 1024)
+    assert r["decode_chunks_written"] == 0
+    assert r["evictions"] == 0
+    assert out["workload"] == {"trace": trace, "requests": 3, "seed": 0}
+    assert out["engine"]["gpu_blocks"] == 6
+    assert out["engine"]["bytes_per_chunk"] == 16 * 1024
+
+
+def test_enough_gpu_blocks_turn_the_cpu_hit_into_a_gpu_hit(tmp_path, run_cli):
+    trace = write_trace(tmp_path / "t.jsonl", THREE)
+    _, out, _ = run_cli("--trace", trace, *TINY, "--gpu-blocks", "64")
+    r = out["runs"][0]["result"]
+    # B no longer evicts A's blocks: C finds the system prompt on the GPU and loads nothing.
+    assert (r["gpu_hit_tokens"], r["cpu_hit_tokens"]) == (64, 0)
+    assert r["chunks_written"] == 12
+
+
+def test_offload_decode_stores_the_answer_too(tmp_path, run_cli):
+    # A now generates 17 tokens: KV exists for 80 + 16 tokens, 6 blocks, the last one decode.
+    lines = [{**THREE[0], "output_tokens": 17}, *THREE[1:]]
+    trace = write_trace(tmp_path / "t.jsonl", lines)
+    _, out, _ = run_cli("--trace", trace, *ENGINE, "--offload-decode")
+    r = out["runs"][0]["result"]
+    assert (r["chunks_written"], r["decode_chunks_written"]) == (6 + 6 + 1, 1)
+    _, out, _ = run_cli("--trace", trace, *ENGINE)
+    r = out["runs"][0]["result"]
+    assert (r["chunks_written"], r["decode_chunks_written"]) == (12, 0)
+
+
+@pytest.mark.parametrize(
+    ("flag_cap", "line_cap", "hit"),
+    [
+        (None, None, 64),
+        ("32", None, 32),  # --max-load-tokens for every request
+        ("32", 48, 48),  # a trace line's own value wins over the flag
+        (None, 0, 0),
+    ],
+)
+def test_load_caps_from_flags_and_lines(tmp_path, run_cli, flag_cap, line_cap, hit):
+    c = dict(THREE[2])
+    if line_cap is not None:
+        c["kv_transfer_params"] = {"max_load_tokens": line_cap}
+    trace = write_trace(tmp_path / "t.jsonl", [*THREE[:2], c])
+    flags = [] if flag_cap is None else ["--max-load-tokens", flag_cap]
+    _, out, _ = run_cli("--trace", trace, *ENGINE, *flags)
+    assert out["runs"][0]["result"]["cpu_hit_tokens"] == hit
+
+
+def test_token_id_prompts_share_prefixes_like_segments(tmp_path, run_cli):
+    sys_ids = list(range(1, 65))
+    lines = [
+        {"id": "A", "prompt": [*sys_ids, *range(100, 116)], "output_tokens": 1},
+        {"id": "B", "arrival": 10, "prompt": list(range(200, 296)), "output_tokens": 1},
+        {"id": "C", "arrival": 20, "prompt": [*sys_ids, *range(300, 316)], "output_tokens": 1},
+    ]
+    _, out, _ = run_cli("--trace", write_trace(tmp_path / "t.jsonl", lines), *ENGINE)
+    assert out["runs"][0]["result"]["cpu_hit_tokens"] == 64
+
+
+def test_verify_data_checks_every_loaded_chunk(tmp_path, run_cli):
+    pytest.importorskip("torch")
+    trace = write_trace(tmp_path / "t.jsonl", THREE)
+    code, out, err = run_cli("--trace", trace, *ENGINE, "--verify-data")
+    assert code == 0, err
+    r = out["runs"][0]["result"]
+    assert (r["verified_chunks"], r["mismatched_blocks"]) == (4, 0)
+
+
+def test_verify_data_catches_a_corrupted_copy(tmp_path, run_cli, monkeypatch):
+    pytest.importorskip("torch")
+    from kvoffload.simulate.verify import TransferDataCheck
+
+    store = TransferDataCheck.store
+
+    def corrupting_store(self, job):
+        store(self, job)
+        if job.request_id == "A":  # flip one byte of A's second chunk in the CPU pool
+            self.engine.pool.slot(int(job.slots[1]))[0] ^= 0xFF
+
+    monkeypatch.setattr(TransferDataCheck, "store", corrupting_store)
+    trace = write_trace(tmp_path / "t.jsonl", THREE)
+    code, out, err = run_cli("--trace", trace, *ENGINE, "--verify-data")
+    assert code == 1
+    assert out["runs"][0]["result"]["mismatched_blocks"] == 1
+    assert "--verify-data: 1 loaded blocks held wrong bytes" in err
