@@ -3,6 +3,8 @@ in the comments."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from sim_helpers import TINY, seg, write_trace
 
@@ -115,3 +117,17 @@ def test_verify_data_catches_a_corrupted_copy(tmp_path, run_cli, monkeypatch):
     assert code == 1
     assert out["runs"][0]["result"]["mismatched_blocks"] == 1
     assert "--verify-data: 1 loaded blocks held wrong bytes" in err
+
+
+def test_the_readme_trace_example_runs_as_pasted(tmp_path, run_cli):
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    example = readme.split("**Your own traffic**")[1].split("```json\n")[1].split("```")[0]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(example)
+    code, out, err = run_cli("--trace", str(trace))
+    assert code == 0, err
+    r = out["runs"][0]["result"]
+    assert r["requests"] == 3
+    assert r["prompt_tokens"] == 6040 + 6035 + 5
+    # r2 finds r1's 6,000-token document (375 blocks) in the GPU cache.
+    assert r["gpu_hit_tokens"] == 6000
