@@ -24,7 +24,7 @@ pub(crate) fn append_chunk_keys<H: AsRef<[u8]>>(
     for index in last_blocks() {
         let len = block_hashes[index].as_ref().len();
         if len == 0 || len + GROUP_SUFFIX_LEN > MAX_KEY_LEN {
-            let index = first_block + index;
+            let index = first_block.saturating_add(index);
             return Err(Error::InvalidArgument {
                 name: "block_hashes",
                 value: format!("an entry of {len} bytes at index {index}"),
@@ -123,9 +123,10 @@ pub fn loadable_tokens(
     num_local_tokens: u64,
     tokens_per_chunk: u64,
 ) -> u64 {
+    // Saturating: the bound is clamped by `max_hit_tokens` anyway, and callers pass any u64.
     let end = window
         .max_hit_tokens
-        .min(tokens_per_chunk * (window.first_chunk + hits));
+        .min(tokens_per_chunk.saturating_mul(window.first_chunk.saturating_add(hits)));
     match end.checked_sub(num_local_tokens) {
         Some(n) if n >= tokens_per_chunk => n,
         _ => 0,
@@ -151,6 +152,18 @@ mod tests {
 
     fn window(num_tokens: u64, local: u64, cap: Option<u64>, keys: u64) -> Option<LoadWindow> {
         load_window(num_tokens, local, cap, keys, TPC).unwrap()
+    }
+
+    #[test]
+    fn loadable_tokens_saturates_instead_of_wrapping() {
+        let w = LoadWindow {
+            first_chunk: u64::MAX / 2,
+            end_chunk: u64::MAX,
+            max_hit_tokens: u64::MAX - 5,
+        };
+        // 12 * (2^63 + 3) wraps to 36 in u64: that would offer nothing (or panic in debug).
+        assert_eq!(loadable_tokens(&w, 3, 100, TPC), u64::MAX - 105);
+        assert_eq!(loadable_tokens(&w, u64::MAX, 0, TPC), u64::MAX - 5);
     }
 
     /// Loadable tokens when every key in the window is ready.

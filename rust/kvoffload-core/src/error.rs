@@ -14,6 +14,10 @@ pub enum Error {
     },
     /// An eviction policy name that is not one of `POLICY_NAMES`.
     UnknownPolicy(String),
+    /// Memory for `what` (about `bytes` bytes) could not be allocated; nothing changed.
+    OutOfMemory { what: &'static str, bytes: usize },
+    /// `check_invariants` found the store inconsistent (a bug): what is broken.
+    BrokenInvariant(String),
     /// `keys[index]` is not in the state the call needs (e.g. loading a key that is not ready,
     /// unpinning a key that is not pinned, completing a store that is not pending).
     InvalidState {
@@ -45,6 +49,13 @@ impl fmt::Display for Error {
                 "eviction_policy={name:?} is unknown; valid policies: {}",
                 crate::policy::POLICY_NAMES.join(", ")
             ),
+            Error::OutOfMemory { what, bytes } => {
+                write!(
+                    f,
+                    "out of memory: could not grow {what} to about {bytes} bytes"
+                )
+            }
+            Error::BrokenInvariant(what) => write!(f, "store invariant broken: {what}"),
             Error::InvalidState {
                 op,
                 index,

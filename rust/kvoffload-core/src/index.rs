@@ -6,6 +6,9 @@
 //! the store knows (one id per slot). Batches prefetch the buckets they are about to probe.
 
 const EMPTY: u64 = 0;
+/// `home` multiplies a 32-bit tag by the table length in 64 bits.
+pub(crate) const MAX_BUCKETS: usize = 1 << 32;
+const INITIAL_CAPACITY: usize = 1024;
 
 #[inline]
 fn tag(hash: u64) -> u32 {
@@ -15,24 +18,81 @@ fn tag(hash: u64) -> u32 {
 pub(crate) struct Index {
     buckets: Box<[u64]>,
     len: usize,
+    /// Ids the current buckets take.
     capacity: usize,
+    /// Ids the table may ever hold: it grows up to this as `reserve` asks.
+    limit: usize,
+    max_load: f64,
+}
+
+/// Buckets for `capacity` ids at `max_load`, or `None` when memory refuses them.
+fn try_buckets(capacity: usize, max_load: f64) -> Option<Box<[u64]>> {
+    let n = ((capacity as f64 / max_load).ceil() as usize)
+        .max(capacity + 1)
+        .clamp(8, MAX_BUCKETS);
+    let mut buckets = Vec::new();
+    buckets.try_reserve_exact(n).ok()?;
+    buckets.resize(n, EMPTY);
+    Some(buckets.into_boxed_slice())
 }
 
 impl Index {
-    /// Room for `capacity` ids with the table at most `max_load` full.
-    pub(crate) fn with_capacity(capacity: usize, max_load: f64) -> Self {
-        let n = ((capacity as f64 / max_load).ceil() as usize)
-            .max(capacity + 1)
-            .max(8);
+    /// An empty table for at most `limit` ids, kept at most `max_load` full; it starts small and
+    /// grows with `reserve`. `limit / max_load` must not exceed `MAX_BUCKETS`.
+    pub(crate) fn new(limit: usize, max_load: f64) -> Self {
+        assert!(
+            (limit as f64 / max_load) <= MAX_BUCKETS as f64,
+            "index limit {limit} exceeds {MAX_BUCKETS} buckets"
+        );
+        let capacity = limit.min(INITIAL_CAPACITY);
         Index {
-            buckets: vec![EMPTY; n].into_boxed_slice(),
+            buckets: try_buckets(capacity, max_load).expect("a small index fits"),
             len: 0,
             capacity,
+            limit,
+            max_load,
         }
+    }
+
+    /// A table sized for `capacity` ids at once (a batch's own keys).
+    pub(crate) fn with_capacity(capacity: usize, max_load: f64) -> Self {
+        let mut index = Index::new(capacity, max_load);
+        assert!(index.reserve(capacity), "a batch-sized index fits");
+        index
+    }
+
+    /// Makes room for `additional` more ids (within the limit), growing by at least half;
+    /// false, with nothing changed, when memory refuses.
+    #[must_use]
+    pub(crate) fn reserve(&mut self, additional: usize) -> bool {
+        let want = self.len + additional;
+        assert!(want <= self.limit, "index over its limit");
+        if want <= self.capacity {
+            return true;
+        }
+        let capacity = want.max(self.capacity + self.capacity / 2).min(self.limit);
+        let Some(buckets) = try_buckets(capacity, self.max_load) else {
+            return false;
+        };
+        let old = std::mem::replace(&mut self.buckets, buckets);
+        for &b in old.iter().filter(|&&b| b != EMPTY) {
+            // A bucket's tag is all its home needs.
+            let mut i = self.home(tag(b));
+            while self.buckets[i] != EMPTY {
+                i = self.next(i);
+            }
+            self.buckets[i] = b;
+        }
+        self.capacity = capacity;
+        true
     }
 
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
@@ -78,7 +138,10 @@ impl Index {
 
     /// Stores `id` under `hash`; the caller guarantees it is not there yet and there is room.
     pub(crate) fn insert(&mut self, hash: u64, id: u32) {
-        assert!(self.len < self.capacity, "index over capacity");
+        assert!(
+            self.len < self.capacity,
+            "index over capacity: reserve first"
+        );
         debug_assert!(id < u32::MAX);
         let t = tag(hash);
         let mut i = self.home(t);
@@ -160,6 +223,66 @@ mod tests {
         }
         assert_eq!(index.find(h, |x| x == 2), None);
         assert_eq!(index.len(), 5);
+    }
+
+    #[test]
+    fn grows_with_reserve_and_keeps_every_id() {
+        let mut index = Index::new(100_000, 0.7);
+        let before = index.heap_bytes();
+        for id in 0..50_000u32 {
+            assert!(index.reserve(1));
+            index.insert(crate::key::hash_key(&id.to_le_bytes()), id);
+        }
+        assert!(index.heap_bytes() > before);
+        for id in 0..50_000u32 {
+            let h = crate::key::hash_key(&id.to_le_bytes());
+            assert_eq!(index.find(h, |x| x == id), Some(id));
+        }
+    }
+
+    /// The longest distance from an id's home bucket to where it sits.
+    fn max_displacement(index: &Index) -> usize {
+        let n = index.buckets.len();
+        (0..n)
+            .filter(|&i| index.buckets[i] != EMPTY)
+            .map(|i| (i + n - index.home(tag(index.buckets[i]))) % n)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Keys crafted offline against a known seed (as the hash's seed once was public): their
+    /// hashes share the top 12 bits, so under that seed they all want a few home buckets.
+    fn crafted_keys(seed: u64, n: usize) -> Vec<[u8; 36]> {
+        let mut out = Vec::new();
+        let mut key = [0u8; 36];
+        for i in 0u64.. {
+            key[..8].copy_from_slice(&i.to_le_bytes());
+            if crate::key::hash_key_with_seed(&key, seed) >> 52 == 0x6b7 {
+                out.push(key);
+                if out.len() == n {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn crafted_keys_spread_like_random_ones_under_the_process_seed() {
+        let keys = crafted_keys(0x6b76_6f66_666c_6f61, 2_000);
+        let fill = |hash: &dyn Fn(&[u8]) -> u64| {
+            let mut index = Index::with_capacity(4_000, 0.7);
+            for (id, k) in keys.iter().enumerate() {
+                index.insert(hash(k), id as u32);
+            }
+            max_displacement(&index)
+        };
+        // Under the seed they were made for, they pile up in one run of buckets...
+        let attacked = fill(&|k| crate::key::hash_key_with_seed(k, 0x6b76_6f66_666c_6f61));
+        assert!(attacked > 1_000, "crafted keys should collide: {attacked}");
+        // ...under the process's random seed they do not.
+        let defended = fill(&crate::key::hash_key);
+        assert!(defended < 64, "max displacement {defended}");
     }
 
     proptest! {

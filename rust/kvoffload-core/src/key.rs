@@ -1,5 +1,6 @@
 use crate::error::{Error, Result};
 use core::hash::BuildHasher;
+use std::sync::OnceLock;
 
 /// Longest key the store accepts. vLLM's keys are a 32-byte block hash plus a 4-byte group index.
 pub const MAX_KEY_LEN: usize = 64;
@@ -44,8 +45,19 @@ pub fn validate_keys<K: AsRef<[u8]>>(keys: &[K]) -> Result<()> {
     Ok(())
 }
 
-/// Fixed-seed hashing: the same key hashes alike in every store, which ARC's ghost fingerprints
-/// rely on. Keys are usually cryptographic hashes already, so a fast non-DoS-resistant hash is fine.
+/// The process's hash seed: random, so keys crafted offline to collide (users' prompts shape the
+/// block hashes keys are made of) collide no more than random keys. Every store of the process
+/// shares it, so a key hashes alike everywhere (ARC's ghost fingerprints are hashes).
+fn seed() -> u64 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0x6b76_u64))
+}
+
 pub(crate) fn hash_key(key: &[u8]) -> u64 {
-    foldhash::fast::FixedState::with_seed(0x6b76_6f66_666c_6f61).hash_one(key)
+    hash_key_with_seed(key, seed())
+}
+
+/// `hash_key` under a given seed: what an attacker who knew the seed would compute.
+pub(crate) fn hash_key_with_seed(key: &[u8], seed: u64) -> u64 {
+    foldhash::fast::FixedState::with_seed(seed).hash_one(key)
 }

@@ -119,6 +119,33 @@ impl KeyBuf {
     /// Appends chunk keys for `new_hashes`: a request's block hashes from the first block of the
     /// first chunk this buffer lacks (`self.len() * blocks_per_chunk`) on. Only complete chunks
     /// get a key. Returns how many were added; on error nothing is.
+    /// The chunk keys `extend_chunk_keys` would append for `block_hashes` starting at the
+    /// request's block `first_block`, as a buffer of their own (errors name block indices from
+    /// `first_block`).
+    pub fn chunk_keys<H: AsRef<[u8]>>(
+        block_hashes: &[H],
+        blocks_per_chunk: usize,
+        group_idx: u32,
+        first_block: usize,
+    ) -> Result<KeyBuf> {
+        let mut out = KeyBuf::new();
+        append_chunk_keys(
+            &mut out,
+            block_hashes,
+            blocks_per_chunk,
+            group_idx,
+            first_block,
+        )?;
+        Ok(out)
+    }
+
+    /// Appends `other`'s keys from `start` on.
+    pub fn append_from(&mut self, other: &KeyBuf, start: usize) {
+        for key in other.slices(start, other.len()) {
+            self.push_unchecked(key);
+        }
+    }
+
     pub fn extend_chunk_keys<H: AsRef<[u8]>>(
         &mut self,
         new_hashes: &[H],

@@ -3,9 +3,16 @@
 //! `Lru` keeps one recency list. `Arc` keeps T1 (seen once) and T2 (seen again) plus ghost lists
 //! B1/B2 of recently evicted keys that steer an adaptive target size for T1. Ghosts remember only
 //! a 63-bit fingerprint of the key: a collision merely nudges the target, never serves data.
+//!
+//! ARC is the published algorithm (Megiddo & Modha, FAST 2003): a call's ghost hits adapt the
+//! target before its victims are chosen (REPLACE, with the tie rule for B2 hits), and after its
+//! keys are in, |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c hold again (c = slots). For
+//! one key per call it makes exactly the paper's decisions (a test replays a reference model);
+//! a batch is handled as its keys in turn would be, approximately. Ghosts also never exceed c,
+//! even when failed stores leave the cache below c.
 
 use crate::error::{Error, Result};
-use crate::index::Index;
+use crate::index::{Index, MAX_BUCKETS};
 use crate::list::{Linked, List, NIL};
 use core::cmp::Reverse;
 use core::str::FromStr;
@@ -86,6 +93,13 @@ pub(crate) const NO_LIST: u8 = u8::MAX;
 const T1: u8 = 0;
 const T2: u8 = 1;
 
+/// How ARC's REPLACE should pick victims for one call (see `Policy::ghost_outcome`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Replace {
+    pub(crate) target_t1: f64,
+    pub(crate) b2_hit: bool,
+}
+
 pub(crate) struct Policy {
     kind: PolicyKind,
     /// `Arc` only: T1 and T2.
@@ -119,13 +133,13 @@ impl Policy {
         }
     }
 
-    /// A new key enters at the most recent end, or at `rank` under LRU. Under ARC a ghost hit
-    /// adapts the target and the key goes straight to T2: it has been wanted before.
+    /// A new key enters at the most recent end, or at `rank` under LRU. Under ARC a key whose
+    /// ghost `take_ghosts` found goes straight to T2: it has been wanted before.
     pub(crate) fn insert<N: PolicyNode>(
         &mut self,
         nodes: &mut [N],
         i: u32,
-        fingerprint: u64,
+        ghost_hit: bool,
         rank: Option<Rank>,
     ) {
         if let Some(r) = &mut self.ranked {
@@ -134,10 +148,49 @@ impl Policy {
             r.insert(nodes, i, rank);
             return;
         }
-        let ghost_hit = self.ghosts.as_mut().is_some_and(|g| g.hit(fingerprint));
         let list = if ghost_hit { T2 } else { T1 };
         nodes[i as usize].set_list(list);
         self.lists[list as usize].push_mru(nodes, i);
+    }
+
+    /// What the ghosts of a call's new keys (their fingerprints, in order) would do, without
+    /// doing it: ARC's target after their hits, and whether any hit was in B2 (REPLACE's tie
+    /// rule). Victims are chosen with these before anything changes.
+    pub(crate) fn ghost_outcome(&self, fingerprints: &[u64]) -> Replace {
+        let Some(g) = &self.ghosts else {
+            return Replace::default();
+        };
+        let mut lens = [g.lists[0].len, g.lists[1].len];
+        let mut out = Replace {
+            target_t1: g.target_t1,
+            b2_hit: false,
+        };
+        for &fp in fingerprints {
+            if let Some(found) = g.find(fp) {
+                let list = g.nodes[found as usize].list();
+                out.target_t1 = g.adapted(out.target_t1, list, lens);
+                out.b2_hit |= list == 1;
+                lens[list] -= 1;
+            }
+        }
+        out
+    }
+
+    /// Consumes the ghosts of a call's new keys: each hit adapts the target and is forgotten.
+    /// Returns which keys hit (all false under LRU).
+    pub(crate) fn take_ghosts(&mut self, fingerprints: &[u64]) -> Vec<bool> {
+        match &mut self.ghosts {
+            Some(g) => fingerprints.iter().map(|&fp| g.hit(fp)).collect(),
+            None => vec![false; fingerprints.len()],
+        }
+    }
+
+    /// Restores ARC's bounds once a call's keys are in.
+    pub(crate) fn trim_ghosts(&mut self) {
+        let t = [self.lists[0].len, self.lists[1].len];
+        if let Some(g) = &mut self.ghosts {
+            g.trim(t);
+        }
     }
 
     /// Under LRU, moves a resident key up to `rank` if it sorts below it (a request using a
@@ -162,12 +215,13 @@ impl Policy {
         nodes[i as usize].set_list(NO_LIST);
     }
 
-    /// Removes a key chosen by `select_victims`; ARC remembers it as a ghost.
+    /// Removes a key chosen by `select_victims`; ARC remembers it as a ghost (the bounds are
+    /// restored by `trim_ghosts` at the end of the call).
     pub(crate) fn evict<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, fingerprint: u64) {
         let list = nodes[i as usize].list();
         self.remove(nodes, i);
         if let Some(g) = &mut self.ghosts {
-            g.add(list, fingerprint, self.lists[T1 as usize].len);
+            g.add(list, fingerprint);
         }
     }
 
@@ -193,11 +247,14 @@ impl Policy {
     }
 
     /// Picks exactly `n` victims among nodes for which `evictable` holds, without changing the
-    /// order; `None` when fewer than `n` exist.
+    /// order; `None` when fewer than `n` exist. Under ARC, `replace` (from `ghost_outcome`)
+    /// steers REPLACE: T1's oldest leaves while |T1| exceeds the target (or equals it after a
+    /// B2 hit), else T2's.
     pub(crate) fn select_victims<N: PolicyNode>(
         &mut self,
         nodes: &[N],
         n: usize,
+        replace: Replace,
         evictable: impl Fn(u32) -> bool,
     ) -> Option<Vec<u32>> {
         let mut victims = Vec::with_capacity(n);
@@ -213,11 +270,12 @@ impl Policy {
         let mut t2 = self.lists[T2 as usize]
             .iter(nodes)
             .filter(|&i| evictable(i));
-        let target = self.ghosts.as_ref().map_or(0.0, |g| g.target_t1);
+        let target = replace.target_t1;
         // Both scans only move forward, so a batch of evictions stays linear.
         let mut virtual_t1 = self.lists[T1 as usize].len;
         while victims.len() < n {
-            let from_t1 = if f64::from(virtual_t1) >= target {
+            let t1_len = f64::from(virtual_t1);
+            let from_t1 = if t1_len > target || (replace.b2_hit && t1_len == target) {
                 t1.next()
             } else {
                 None
@@ -272,21 +330,25 @@ impl Policy {
         }
     }
 
-    pub(crate) fn ghost_count(&self) -> usize {
-        self.ghosts
-            .as_ref()
-            .map_or(0, |g| (g.lists[0].len + g.lists[1].len) as usize)
+    /// Room for a call that inserts or evicts up to `keys` keys; false when memory refuses.
+    pub(crate) fn reserve(&mut self, keys: usize) -> bool {
+        if let Some(r) = &mut self.ranked {
+            if r.heap.try_reserve(keys).is_err() {
+                return false;
+            }
+        }
+        self.ghosts.as_mut().map_or(true, |g| g.reserve(keys))
+    }
+
+    /// What is wrong with the ghost lists, if anything (for `check_invariants`).
+    pub(crate) fn ghost_problem(&self) -> Option<String> {
+        let g = self.ghosts.as_ref()?;
+        let count = g.lists[0].len + g.lists[1].len;
+        (count > g.capacity).then(|| format!("{count} ghosts exceed the capacity {}", g.capacity))
     }
 
     pub(crate) fn target_t1(&self) -> f64 {
         self.ghosts.as_ref().map_or(0.0, |g| g.target_t1)
-    }
-
-    /// Starts loading what `insert` will read for this fingerprint.
-    pub(crate) fn prefetch(&self, fingerprint: u64) {
-        if let Some(g) = &self.ghosts {
-            g.table.prefetch(fingerprint & !1);
-        }
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
@@ -451,7 +513,12 @@ impl Ghosts {
             target_t1: 0.0,
             nodes: Vec::new(),
             free: Vec::new(),
-            table: Index::with_capacity(capacity as usize, GHOST_INDEX_LOAD),
+            // A call may add up to `capacity` ghosts before it trims (bounded by what the table
+            // can address, far beyond any real call).
+            table: Index::new(
+                (2 * capacity as usize).min((MAX_BUCKETS as f64 * GHOST_INDEX_LOAD) as usize),
+                GHOST_INDEX_LOAD,
+            ),
             lists: [List::default(); 2],
         }
     }
@@ -463,18 +530,41 @@ impl Ghosts {
             .find(fp, |g| nodes[g as usize].fingerprint() == fp)
     }
 
-    /// If `fp` is a ghost: adapt the target (B1 hit → favour recency, B2 hit → favour frequency),
-    /// forget the ghost, and report the hit.
+    /// The target after a hit in ghost list `list` (0 = B1: favour recency, 1 = B2: favour
+    /// frequency) with the lists `lens` long.
+    fn adapted(&self, target: f64, list: usize, lens: [u32; 2]) -> f64 {
+        let (b1, b2) = (f64::from(lens[0]), f64::from(lens[1]));
+        if list == 0 {
+            (target + (b2 / b1).max(1.0)).min(f64::from(self.capacity))
+        } else {
+            (target - (b1 / b2).max(1.0)).max(0.0)
+        }
+    }
+
+    /// If `fp` is a ghost: adapt the target, forget the ghost, and report the hit.
     fn hit(&mut self, fp: u64) -> bool {
         let Some(g) = self.find(fp) else { return false };
-        let (b1, b2) = (f64::from(self.lists[0].len), f64::from(self.lists[1].len));
-        if self.nodes[g as usize].list() == 0 {
-            self.target_t1 = (self.target_t1 + (b2 / b1).max(1.0)).min(f64::from(self.capacity));
-        } else {
-            self.target_t1 = (self.target_t1 - (b1 / b2).max(1.0)).max(0.0);
-        }
+        let lens = [self.lists[0].len, self.lists[1].len];
+        self.target_t1 = self.adapted(self.target_t1, self.nodes[g as usize].list(), lens);
         self.drop_ghost(g);
         true
+    }
+
+    /// ARC's bounds, given T1 and T2's lengths: |T1| + |B1| <= c, and all four lists <= 2c
+    /// (the oldest ghosts go); ghosts alone never exceed c either (they can when failed stores
+    /// left the cache below c).
+    fn trim(&mut self, t: [u32; 2]) {
+        let c = self.capacity;
+        while self.lists[0].len > 0 && t[0] + self.lists[0].len > c {
+            self.drop_ghost(self.lists[0].head);
+        }
+        while self.lists[1].len > 0 && t[0] + t[1] + self.lists[0].len + self.lists[1].len > 2 * c {
+            self.drop_ghost(self.lists[1].head);
+        }
+        while self.lists[0].len + self.lists[1].len > c {
+            let from = usize::from(self.lists[1].len > 0);
+            self.drop_ghost(self.lists[from].head);
+        }
     }
 
     fn drop_ghost(&mut self, g: u32) {
@@ -488,17 +578,8 @@ impl Ghosts {
 
     /// Remembers an evicted key. It cannot be a ghost already: its ghost, if any, was consumed
     /// when it was inserted (a fingerprint collision would only leave a harmless duplicate).
-    fn add(&mut self, list: u8, fp: u64, t1_len: u32) {
+    fn add(&mut self, list: u8, fp: u64) {
         let fp = fp & !1;
-        if self.lists[0].len + self.lists[1].len >= self.capacity {
-            // Classic ARC bound: keep |T1| + |B1| within capacity, otherwise trim B2 first.
-            let trim_b1 = self.lists[1].len == 0
-                || (self.lists[0].len > 0 && t1_len + self.lists[0].len >= self.capacity);
-            let from = if trim_b1 { 0 } else { 1 };
-            let oldest = self.lists[from].head;
-            debug_assert_ne!(oldest, NIL);
-            self.drop_ghost(oldest);
-        }
         let node = Ghost {
             tagged: fp | u64::from(list),
             prev: NIL,
@@ -510,18 +591,24 @@ impl Ghosts {
                 g
             }
             None => {
-                // Never more than `capacity` ghosts: grow by doubling, but not past that.
-                if self.nodes.len() == self.nodes.capacity() {
-                    let want = (self.nodes.len() * 2).max(4).min(self.capacity as usize);
-                    self.nodes
-                        .reserve_exact(want.saturating_sub(self.nodes.len()).max(1));
-                }
+                // `reserve` made room.
                 self.nodes.push(node);
                 (self.nodes.len() - 1) as u32
             }
         };
         self.lists[list as usize].push_mru(&mut self.nodes, g);
         self.table.insert(fp, g);
+    }
+
+    /// Room for `n` more evictions (a call may hold up to `capacity + n` ghosts until it
+    /// trims): nodes, their index and the free list; false when memory refuses.
+    fn reserve(&mut self, n: usize) -> bool {
+        let n = n.min(self.capacity as usize); // a call evicts at most every slot
+        let fresh = n.saturating_sub(self.free.len());
+        self.table.len() + n <= self.table.limit()
+            && self.nodes.try_reserve(fresh).is_ok()
+            && self.free.try_reserve(self.nodes.len() + fresh).is_ok()
+            && self.table.reserve(n)
     }
 
     fn heap_bytes(&self) -> usize {

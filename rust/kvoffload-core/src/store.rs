@@ -14,8 +14,8 @@ use crate::policy::{Policy, PolicyKind, PolicyNode, Rank, NO_LIST};
 /// The main index is at most this full (linear probing stays short below ~0.8).
 const INDEX_LOAD: f64 = 0.7;
 
-/// Largest pool the store addresses (slot ids are `u32`, one value is reserved).
-pub const MAX_SLOTS: u32 = u32::MAX - 1;
+/// Largest pool the store addresses: the key index holds at most 2^32 buckets.
+pub const MAX_SLOTS: u32 = 1 << 31;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -187,19 +187,22 @@ pub struct Stats {
     pub store_refusals: u64,
     pub stores_completed: u64,
     pub stores_failed: u64,
-    /// Bytes of index metadata (entries, hash table, ghost lists) per slot, key copies included.
+    /// Bytes of index metadata (entries, hash table, ghost lists) per slot handed out so far
+    /// (metadata grows with use), key copies included.
     pub metadata_bytes_per_slot: f64,
     /// ARC's adaptive target size for its recency list (0 under LRU).
     pub arc_target_t1: f64,
 }
 
+/// Metadata grows with use: `entries` holds the slots handed out so far (the rest were never
+/// used), and the index grows with the keys it holds, so a huge pool costs nothing until filled.
 pub struct Store {
+    num_slots: u32,
     entries: Vec<Entry>,
     index: Index,
     policy: Policy,
-    /// Slots `>= next_fresh` were never handed out.
-    next_fresh: u32,
-    /// Freed slots, reused last-freed-first.
+    /// Freed slots, reused last-freed-first. Its capacity always covers `entries`, so freeing
+    /// never allocates.
     free: Vec<u32>,
     events: Option<Vec<Event>>,
     stats: Stats,
@@ -211,16 +214,16 @@ impl Store {
             return Err(Error::InvalidArgument {
                 name: "num_slots",
                 value: num_slots.to_string(),
-                allowed: "an integer in 1..=4294967294",
+                allowed: "an integer in 1..=2147483648",
             });
         }
         let n = num_slots as u32;
         Ok(Store {
-            entries: vec![Entry::FREE; n as usize],
-            index: Index::with_capacity(n as usize, INDEX_LOAD),
+            num_slots: n,
+            entries: Vec::new(),
+            index: Index::new(n as usize, INDEX_LOAD),
             policy: Policy::new(policy, n),
-            next_fresh: 0,
-            free: Vec::with_capacity(n as usize),
+            free: Vec::new(),
             events: enable_events.then(Vec::new),
             stats: Stats {
                 num_slots: n.into(),
@@ -230,7 +233,37 @@ impl Store {
     }
 
     pub fn num_slots(&self) -> u32 {
+        self.num_slots
+    }
+
+    /// Slots handed out so far.
+    fn used_high_mark(&self) -> u32 {
         self.entries.len() as u32
+    }
+
+    /// Room for `keys` more keys in every structure that grows with use, before a call changes
+    /// anything; an error naming the size when memory refuses.
+    fn reserve(&mut self, keys: usize) -> Result<()> {
+        let fresh = keys.min((self.num_slots - self.used_high_mark()) as usize);
+        let oom = |what: &'static str, items: usize, size: usize| Error::OutOfMemory {
+            what,
+            bytes: items.saturating_mul(size),
+        };
+        self.entries
+            .try_reserve(fresh)
+            .map_err(|_| oom("slot entries", fresh, core::mem::size_of::<Entry>()))?;
+        let slots = self.entries.len() + fresh;
+        self.free
+            .try_reserve(slots - self.free.len())
+            .map_err(|_| oom("the free-slot list", slots, 4))?;
+        let indexed = keys.min(self.num_slots as usize - self.index.len());
+        if !self.index.reserve(indexed) {
+            return Err(oom("the key index", self.index.len() + indexed, 8));
+        }
+        if !self.policy.reserve(keys) {
+            return Err(oom("the eviction order", keys, 16));
+        }
+        Ok(())
     }
 
     pub fn policy(&self) -> PolicyKind {
@@ -312,7 +345,7 @@ impl Store {
     }
 
     fn free_slots(&self) -> usize {
-        (self.num_slots() - self.next_fresh) as usize + self.free.len()
+        (self.num_slots - self.used_high_mark()) as usize + self.free.len()
     }
 
     fn evictable(entries: &[Entry], slot: u32) -> bool {
@@ -340,7 +373,9 @@ impl Store {
         let entry = self.entries[slot as usize];
         let removed = self.index.remove(hash, slot);
         assert!(removed, "live slot {slot} is indexed");
+        // A key dropped by `reset` left the counters then.
         match entry.state {
+            _ if !entry.live() => {}
             State::Pending => self.stats.pending -= 1,
             State::Ready => self.stats.ready -= 1,
             State::Free => unreachable!("freed a free slot"),
@@ -373,6 +408,7 @@ impl Store {
     ) -> Result<Option<StorePlan>> {
         validate_keys(keys)?;
         RankedBatch::check(batch, keys.len())?;
+        self.reserve(keys.len())?;
         let mut found = Vec::with_capacity(keys.len());
         self.scan(keys, |_, hash, slot| {
             found.push((hash, slot));
@@ -407,12 +443,14 @@ impl Store {
             }
         }
         let need = new.len().saturating_sub(self.free_slots());
+        let fingerprints: Vec<u64> = new.iter().map(|&(_, hash)| hash).collect();
         let victims = if blocked_by_reset {
             None
         } else {
             let entries = &self.entries;
+            let replace = self.policy.ghost_outcome(&fingerprints);
             self.policy
-                .select_victims(entries, need, |s| Self::evictable(entries, s))
+                .select_victims(entries, need, replace, |s| Self::evictable(entries, s))
         };
         for &slot in &protected {
             self.entries[slot as usize].flags &= !PROTECTED;
@@ -422,6 +460,9 @@ impl Store {
             return Ok(None);
         };
 
+        // Ghost hits count before the evictions add ghosts, so a call never trims its own
+        // keys' ghosts.
+        let ghost_hits = self.policy.take_ghosts(&fingerprints);
         let mut evicted = KeyBuf::with_capacity(victims.len(), MAX_KEY_LEN);
         for (j, &slot) in victims.iter().enumerate() {
             if let Some(&ahead) = victims.get(j + 4) {
@@ -440,28 +481,29 @@ impl Store {
             evicted,
         };
         for (j, &(i, hash)) in new.iter().enumerate() {
-            if let Some(&(_, ahead)) = new.get(j + 8) {
-                self.policy.prefetch(ahead);
-            }
-            let slot = if self.next_fresh < self.num_slots() {
-                self.next_fresh += 1;
-                self.next_fresh - 1
-            } else {
-                self.free.pop().expect("room was made for every new key")
-            };
-            let key = keys[i as usize].as_ref();
-            self.entries[slot as usize] = Entry {
-                key: InlineKey::new(key),
+            let entry = Entry {
+                key: InlineKey::new(keys[i as usize].as_ref()),
                 state: State::Pending,
                 ..Entry::FREE
             };
+            // Fresh slots first (in increasing order), then freed ones; `reserve` made room.
+            let slot = if self.used_high_mark() < self.num_slots {
+                self.entries.push(entry);
+                self.used_high_mark() - 1
+            } else {
+                let slot = self.free.pop().expect("room was made for every new key");
+                self.entries[slot as usize] = entry;
+                slot
+            };
             self.index.insert(hash, slot);
             let rank = RankedBatch::rank_at(batch, i as usize);
-            self.policy.insert(&mut self.entries, slot, hash, rank);
+            self.policy
+                .insert(&mut self.entries, slot, ghost_hits[j], rank);
             self.stats.pending += 1;
             plan.indices.push(i);
             plan.slots.push(slot);
         }
+        self.policy.trim_ghosts();
         if self.events.is_some() {
             self.emit(EventKind::Removed, plan.evicted.clone());
         }
@@ -660,8 +702,9 @@ impl Store {
             let e = &mut self.entries[slot as usize];
             e.pins -= 1;
             if e.pins == 0 {
-                self.stats.pinned -= 1;
-                if !e.live() {
+                if e.live() {
+                    self.stats.pinned -= 1;
+                } else {
                     doomed.push(slot);
                 }
             }
@@ -675,7 +718,7 @@ impl Store {
     fn undo_unpins(&mut self, slots: &[u32]) {
         for &slot in slots {
             let e = &mut self.entries[slot as usize];
-            if e.pins == 0 {
+            if e.pins == 0 && e.live() {
                 self.stats.pinned += 1;
             }
             e.pins += 1;
@@ -705,24 +748,30 @@ impl Store {
     }
 
     /// Drops every ready, unpinned key now (one "removed" event); pending and pinned keys answer
-    /// as absent from now on and are dropped when their store or last load completes.
+    /// as absent from now on, leave the counters, and are dropped when their store or last load
+    /// completes.
     pub fn reset(&mut self) {
         let mut removed = KeyBuf::new();
-        for slot in 0..self.next_fresh {
+        for slot in 0..self.used_high_mark() {
             let e = self.entries[slot as usize];
-            match e.state {
-                State::Free => {}
-                State::Ready if e.pins == 0 => {
-                    self.release_slot(slot);
-                    removed.push_unchecked(e.key.as_slice());
-                }
-                // Announced as stored, so announced as removed now, since lookups miss it from now on.
-                State::Ready if e.live() => {
-                    self.entries[slot as usize].flags |= DOOMED;
-                    removed.push_unchecked(e.key.as_slice());
-                }
-                _ => self.entries[slot as usize].flags |= DOOMED,
+            if e.state == State::Free || !e.live() {
+                continue;
             }
+            if e.state == State::Ready && e.pins == 0 {
+                self.release_slot(slot);
+                removed.push_unchecked(e.key.as_slice());
+                continue;
+            }
+            match e.state {
+                // Announced as stored, so announced as removed now: lookups miss it from now on.
+                State::Ready => {
+                    removed.push_unchecked(e.key.as_slice());
+                    self.stats.ready -= 1;
+                }
+                _ => self.stats.pending -= 1,
+            }
+            self.stats.pinned -= u64::from(e.pins > 0);
+            self.entries[slot as usize].flags |= DOOMED;
         }
         self.policy.forget_history();
         self.emit(EventKind::Removed, removed);
@@ -735,8 +784,9 @@ impl Store {
 
     pub fn stats(&self) -> Stats {
         let mut stats = self.stats.clone();
-        stats.used_slots = u64::from(self.next_fresh) - self.free.len() as u64;
-        stats.metadata_bytes_per_slot = self.metadata_bytes() as f64 / f64::from(self.num_slots());
+        stats.used_slots = u64::from(self.used_high_mark()) - self.free.len() as u64;
+        stats.metadata_bytes_per_slot =
+            self.metadata_bytes() as f64 / f64::from(self.used_high_mark().max(1));
         stats.arc_target_t1 = self.policy.target_t1();
         stats
     }
@@ -748,93 +798,89 @@ impl Store {
             + self.policy.heap_bytes()
     }
 
-    /// Checks every internal invariant; panics with a description on the first broken one.
-    /// For tests and debugging: O(num_slots).
-    pub fn check_invariants(&self) {
-        let mut ready = 0;
-        let mut pending = 0;
-        let mut pinned = 0;
+    /// Checks every internal invariant; `Error::BrokenInvariant` describes the first broken one
+    /// (the store stays usable). For tests and debugging: O(slots used).
+    pub fn check_invariants(&self) -> Result<()> {
+        macro_rules! ensure {
+            ($cond:expr, $($msg:tt)+) => {
+                if !$cond {
+                    return Err(Error::BrokenInvariant(format!($($msg)+)));
+                }
+            };
+        }
+        let (mut ready, mut pending, mut pinned) = (0, 0, 0);
         let mut live_slots = 0u32;
         for (slot, e) in self.entries.iter().enumerate() {
             let slot = slot as u32;
-            if slot >= self.next_fresh {
-                assert_eq!(
-                    e.state,
-                    State::Free,
-                    "slot {slot} above the fresh mark is used"
-                );
-            }
             match e.state {
                 State::Free => {
-                    assert_eq!(e.list, NO_LIST, "free slot {slot} is in a policy list");
-                    assert_eq!(e.pins, 0);
+                    ensure!(e.list == NO_LIST, "free slot {slot} is in a policy list");
+                    ensure!(e.pins == 0, "free slot {slot} is pinned");
                     continue;
                 }
                 State::Pending => {
-                    pending += 1;
-                    assert_eq!(e.pins, 0, "pending slot {slot} is pinned");
+                    pending += u64::from(e.live());
+                    ensure!(e.pins == 0, "pending slot {slot} is pinned");
                 }
-                State::Ready => ready += 1,
+                State::Ready => ready += u64::from(e.live()),
             }
-            assert_eq!(e.flags & PROTECTED, 0, "slot {slot} left protected");
-            assert_eq!(e.flags & LISTED, 0, "slot {slot} left marked as listed");
+            ensure!(e.flags & PROTECTED == 0, "slot {slot} left protected");
+            ensure!(e.flags & LISTED == 0, "slot {slot} left marked as listed");
             live_slots += 1;
-            pinned += u64::from(e.pins > 0);
-            assert_eq!(
-                self.find_key(e.key.as_slice()),
-                Some(slot),
+            pinned += u64::from(e.pins > 0 && e.live());
+            ensure!(
+                self.find_key(e.key.as_slice()) == Some(slot),
                 "slot {slot} is not indexed"
             );
-            assert_ne!(e.list, NO_LIST, "slot {slot} is in no policy list");
+            ensure!(e.list != NO_LIST, "slot {slot} is in no policy list");
         }
-        assert_eq!(self.index.len() as u32, live_slots, "index size");
+        ensure!(self.index.len() as u32 == live_slots, "index size");
         let mut free = self.free.clone();
         free.sort_unstable();
         free.dedup();
-        assert_eq!(free.len(), self.free.len(), "a slot is free twice");
+        ensure!(free.len() == self.free.len(), "a slot is free twice");
         for &s in &free {
-            assert!(
-                s < self.next_fresh && self.entries[s as usize].state == State::Free,
+            ensure!(
+                s < self.used_high_mark() && self.entries[s as usize].state == State::Free,
                 "free slot {s} is in use"
             );
         }
-        assert_eq!(
-            live_slots + free.len() as u32,
-            self.next_fresh,
+        ensure!(
+            live_slots + free.len() as u32 == self.used_high_mark(),
             "slots lost"
         );
-        assert_eq!(
+        ensure!(
+            (ready, pending, pinned) == (self.stats.ready, self.stats.pending, self.stats.pinned),
+            "counters: ready, pending, pinned are {:?}, counted {:?}",
             (ready, pending, pinned),
-            (self.stats.ready, self.stats.pending, self.stats.pinned),
-            "counters"
+            (self.stats.ready, self.stats.pending, self.stats.pinned)
         );
         let mut in_lists = 0;
         for list in 0..self.policy.num_lists() {
             let members = self.policy.list_members(&self.entries, list);
-            assert_eq!(
-                members.len() as u32,
-                self.policy.list_len(list),
+            ensure!(
+                members.len() as u32 == self.policy.list_len(list),
                 "list {list} length"
             );
             for s in members {
-                assert_eq!(
-                    self.entries[s as usize].list, list,
+                ensure!(
+                    self.entries[s as usize].list == list,
                     "slot {s} in the wrong list"
                 );
             }
             in_lists += self.policy.list_len(list);
         }
-        assert_eq!(
-            in_lists, live_slots,
+        ensure!(
+            in_lists == live_slots,
             "policy lists hold every live slot once"
         );
         if let Some(s) = self.policy.rank_mismatch(&self.entries) {
-            panic!("slot {s} is ordered by a stale rank");
+            ensure!(false, "slot {s} is ordered by a stale rank");
         }
-        assert!(
-            self.policy.ghost_count() <= self.num_slots() as usize,
-            "ghosts exceed capacity"
-        );
+        if let Some(problem) = self.policy.ghost_problem() {
+            ensure!(false, "{problem}");
+        }
+        Ok(())
     }
 
     /// Keys from least to most recently used, per policy list (T1 then T2 under ARC).
@@ -848,5 +894,33 @@ impl Store {
                     .collect()
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_broken_invariant_is_an_error_and_the_store_stays_usable() {
+        let mut s = Store::new(4, PolicyKind::Lru, false).unwrap();
+        s.prepare_store(&[b"a"]).unwrap().unwrap();
+        s.stats.ready += 1; // a counting bug
+        let err = s.check_invariants().unwrap_err();
+        assert!(matches!(&err, Error::BrokenInvariant(m) if m.starts_with("counters")));
+        s.stats.ready -= 1;
+        s.complete_store(&[b"a"], true).unwrap();
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn the_largest_pool_costs_nothing_until_used() {
+        let mut s = Store::new(i64::from(MAX_SLOTS), PolicyKind::Arc, false).unwrap();
+        assert!(s.metadata_bytes() < 1 << 20, "{} bytes", s.metadata_bytes());
+        let keys: Vec<[u8; 4]> = (0..10_000u32).map(u32::to_le_bytes).collect();
+        let plan = s.prepare_store(&keys).unwrap().unwrap();
+        assert_eq!(plan.slots, (0..10_000).collect::<Vec<u32>>());
+        s.check_invariants().unwrap();
+        assert!(Store::new(i64::from(MAX_SLOTS) + 1, PolicyKind::Lru, false).is_err());
     }
 }

@@ -2,7 +2,7 @@
 
 use kvoffload_core::Error;
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::{PyException, PyMemoryError, PyValueError};
 use pyo3::PyErr;
 
 create_exception!(
@@ -24,5 +24,7 @@ pub(crate) fn to_py(err: Error) -> PyErr {
         | Error::InvalidArgument { .. }
         | Error::UnknownPolicy(_) => PyValueError::new_err(err.to_string()),
         Error::InvalidState { .. } => InvalidStateError::new_err(err.to_string()),
+        Error::OutOfMemory { .. } => PyMemoryError::new_err(err.to_string()),
+        Error::BrokenInvariant(_) => KVOffloadError::new_err(err.to_string()),
     }
 }

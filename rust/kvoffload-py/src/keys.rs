@@ -84,19 +84,36 @@ fn copy_keys<'py>(items: &Bound<'py, PyAny>) -> PyResult<(KeyBuf, Bound<'py, PyL
     Ok((buf, list))
 }
 
-pub(crate) fn int64_bytes<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyBytes> {
+/// A new `bytes`, or `MemoryError` (pyo3's `PyBytes::new` panics when allocation fails).
+pub(crate) fn new_bytes<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    // SAFETY: `data` is a valid slice for the call; the result is a new reference or NULL with
+    // an exception set, which `from_owned_ptr_or_err` turns into the error.
+    unsafe {
+        let ptr = ffi::PyBytes_FromStringAndSize(
+            data.as_ptr().cast::<std::ffi::c_char>(),
+            data.len() as ffi::Py_ssize_t,
+        );
+        Ok(Bound::from_owned_ptr_or_err(py, ptr)?.cast_into_unchecked())
+    }
+}
+
+pub(crate) fn int64_bytes<'py>(py: Python<'py>, values: &[u32]) -> PyResult<Bound<'py, PyBytes>> {
     let raw: Vec<u8> = values
         .iter()
         .flat_map(|&v| i64::from(v).to_ne_bytes())
         .collect();
-    PyBytes::new(py, &raw)
+    new_bytes(py, &raw)
 }
 
 pub(crate) fn bytes_list<'py, K: AsRef<[u8]>>(
     py: Python<'py>,
     keys: impl IntoIterator<Item = K>,
 ) -> PyResult<Bound<'py, PyList>> {
-    PyList::new(py, keys.into_iter().map(|k| PyBytes::new(py, k.as_ref())))
+    let items = keys
+        .into_iter()
+        .map(|k| new_bytes(py, k.as_ref()))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
 }
 
 /// A `keys` argument of a store call.
@@ -158,15 +175,20 @@ impl<'py> KeyArg<'py> {
             // as they still hold the keys the store saw: another thread may have changed the
             // list while the GIL was released.
             KeyArg::Copied(buf, list) => {
-                let picked = indices.iter().map(|&i| {
-                    let key = buf.get(i as usize).expect("index in range");
-                    match list.get_item(i as usize) {
-                        Ok(item) if item.cast::<PyBytes>().is_ok_and(|b| b.as_bytes() == key) => {
-                            item
+                let picked = indices
+                    .iter()
+                    .map(|&i| {
+                        let key = buf.get(i as usize).expect("index in range");
+                        match list.get_item(i as usize) {
+                            Ok(item)
+                                if item.cast::<PyBytes>().is_ok_and(|b| b.as_bytes() == key) =>
+                            {
+                                Ok(item)
+                            }
+                            _ => Ok(new_bytes(py, key)?.into_any()),
                         }
-                        _ => PyBytes::new(py, key).into_any(),
-                    }
-                });
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
                 Ok(PyList::new(py, picked)?.into_any())
             }
         }
@@ -245,11 +267,12 @@ impl KeyList {
                 buf.len(),
             )
         };
-        key.map(|k| PyBytes::new(py, &k)).ok_or_else(|| {
-            PyIndexError::new_err(format!(
+        match key {
+            Some(k) => new_bytes(py, &k),
+            None => Err(PyIndexError::new_err(format!(
                 "KeyList index {index} out of range for length {len}"
-            ))
-        })
+            ))),
+        }
     }
 
     fn to_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -308,19 +331,28 @@ impl KeyList {
     #[pyo3(signature = (block_hashes, blocks_per_chunk, group_idx = 0))]
     fn extend_chunk_keys(
         &self,
+        py: Python<'_>,
         block_hashes: &Bound<'_, PyAny>,
         blocks_per_chunk: usize,
         group_idx: u32,
     ) -> PyResult<usize> {
-        // Converting to a list can run Python code, so it happens before the lock is taken;
-        // from there to the end no Python code runs, so no other writer can interleave.
+        // The keys of the chunks past those here now are made with the GIL (converting to a
+        // list can run Python code); the locks are waited for without it. The length is checked
+        // again under the write lock, in one scope with the append, so chunks a concurrent
+        // extender appended meanwhile are skipped rather than appended twice.
         let list = as_list(block_hashes, "block_hashes")?;
-        let start = self.read()?.len() * blocks_per_chunk;
+        let seen = py.detach(|| self.read().map(|b| b.len()))?;
+        let first_block = seen.saturating_mul(blocks_per_chunk);
         // SAFETY: the slices are used below, before any Python code can run.
-        let tail = unsafe { list_bytes(&list, start, "block_hashes")? };
-        let mut buf = self.write()?;
-        buf.extend_chunk_keys(&tail, blocks_per_chunk, group_idx)
-            .map_err(to_py)
+        let tail = unsafe { list_bytes(&list, first_block, "block_hashes")? };
+        let fresh =
+            KeyBuf::chunk_keys(&tail, blocks_per_chunk, group_idx, first_block).map_err(to_py)?;
+        py.detach(|| {
+            let mut buf = self.write()?;
+            let skip = buf.len() - seen;
+            buf.append_from(&fresh, skip);
+            Ok(fresh.len().saturating_sub(skip))
+        })
     }
 }
 

@@ -7,7 +7,8 @@ mod store;
 
 use pyo3::prelude::*;
 
-#[pymodule]
+// Not free-threading safe yet: `list_bytes` borrows list items that only the GIL keeps alive.
+#[pymodule(gil_used = true)]
 fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<store::Store>()?;

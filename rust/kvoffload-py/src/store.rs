@@ -1,7 +1,7 @@
 //! `Store`: the CPU-tier block store, one core call per batch with the GIL released.
 
 use crate::errors::{to_py, KVOffloadError};
-use crate::keys::{bytes_list, int64_bytes, KeyArg};
+use crate::keys::{bytes_list, int64_bytes, new_bytes, KeyArg};
 use kvoffload_core::{Error, EventKind, PolicyKind, Positions, RankedBatch};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -9,10 +9,13 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::{Mutex, MutexGuard};
 
 /// The CPU-tier block store. Thread-safe: every call takes an internal lock, with the GIL released
-/// while the store works.
+/// while it waits for the lock and while the store works.
 #[pyclass(frozen, module = "kvoffload._rust")]
 pub struct Store {
     inner: Mutex<kvoffload_core::Store>,
+    num_slots: u32,
+    policy: &'static str,
+    events_enabled: bool,
 }
 
 impl Store {
@@ -20,6 +23,16 @@ impl Store {
         self.inner.lock().map_err(|_| {
             KVOffloadError::new_err("the store is unusable: an earlier call panicked inside it")
         })
+    }
+
+    /// Runs `f` on the store with the GIL released; `f` returns owned data, so Python objects
+    /// are built after the lock is let go.
+    fn detached<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut kvoffload_core::Store) -> Result<T, Error> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| f(&mut *self.lock()?).map_err(to_py))
     }
 
     /// Runs `f` on the store and the keys with the GIL released.
@@ -41,23 +54,26 @@ impl Store {
         let policy: PolicyKind = eviction_policy.parse().map_err(to_py)?;
         let store = kvoffload_core::Store::new(num_slots, policy, enable_events).map_err(to_py)?;
         Ok(Store {
+            num_slots: store.num_slots(),
+            policy: store.policy().name(),
+            events_enabled: store.events_enabled(),
             inner: Mutex::new(store),
         })
     }
 
     #[getter]
-    fn num_slots(&self) -> PyResult<u32> {
-        Ok(self.lock()?.num_slots())
+    fn num_slots(&self) -> u32 {
+        self.num_slots
     }
 
     #[getter]
-    fn eviction_policy(&self) -> PyResult<&'static str> {
-        Ok(self.lock()?.policy().name())
+    fn eviction_policy(&self) -> &'static str {
+        self.policy
     }
 
     #[getter]
-    fn events_enabled(&self) -> PyResult<bool> {
-        Ok(self.lock()?.events_enabled())
+    fn events_enabled(&self) -> bool {
+        self.events_enabled
     }
 
     /// `None` when the store cannot take the keys now; else `(keys_to_write, indices, slots,
@@ -87,12 +103,23 @@ impl Store {
         let Some(plan) = self.with_keys(py, &arg, |s, k| s.prepare_store_ranked(k, batch))? else {
             return Ok(None);
         };
-        Ok(Some((
-            arg.select(py, &plan.indices)?,
-            int64_bytes(py, &plan.indices),
-            int64_bytes(py, &plan.slots),
-            bytes_list(py, plan.evicted.iter())?,
-        )))
+        let answer = (|| {
+            Ok((
+                arg.select(py, &plan.indices)?,
+                int64_bytes(py, &plan.indices)?,
+                int64_bytes(py, &plan.slots)?,
+                bytes_list(py, plan.evicted.iter())?,
+            ))
+        })();
+        if answer.is_err() {
+            // Out of memory for the answer: the caller will never complete these stores, so
+            // undo them (as failed) rather than leave the keys pending forever.
+            self.with_keys(py, &arg, |s, k| {
+                let new: Vec<&[u8]> = plan.indices.iter().map(|&i| k[i as usize]).collect();
+                s.complete_store(&new, false)
+            })?;
+        }
+        answer.map(Some)
     }
 
     #[pyo3(signature = (keys, success = true))]
@@ -123,7 +150,7 @@ impl Store {
     ) -> PyResult<Bound<'py, PyBytes>> {
         let statuses = self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.lookup(k))?;
         let raw: Vec<u8> = statuses.into_iter().map(|s| s as u8).collect();
-        Ok(PyBytes::new(py, &raw))
+        new_bytes(py, &raw)
     }
 
     #[pyo3(signature = (keys, rank = None, first_position = 0, positions = None))]
@@ -140,7 +167,7 @@ impl Store {
         let slots = self.with_keys(py, &KeyArg::extract(keys)?, |s, k| {
             s.prepare_load_ranked(k, batch)
         })?;
-        Ok(int64_bytes(py, &slots))
+        int64_bytes(py, &slots)
     }
 
     fn new_rank(&self, py: Python<'_>) -> PyResult<u64> {
@@ -165,7 +192,7 @@ impl Store {
         &self,
         py: Python<'py>,
     ) -> PyResult<Vec<(&'static str, Bound<'py, PyList>)>> {
-        let events = self.lock()?.take_events();
+        let events = self.detached(py, |s| Ok(s.take_events()))?;
         events
             .iter()
             .map(|e| {
@@ -179,7 +206,7 @@ impl Store {
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let st = self.lock()?.stats();
+        let st = self.detached(py, |s| Ok(s.stats()))?;
         let d = PyDict::new(py);
         d.set_item("num_slots", st.num_slots)?;
         d.set_item("used_slots", st.used_slots)?;
@@ -199,13 +226,14 @@ impl Store {
 
     /// Keys from least to most recently used, one list per policy list (T1, T2 under ARC).
     fn recency_order<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyList>>> {
-        let order = self.lock()?.recency_order();
+        let order = self.detached(py, |s| Ok(s.recency_order()))?;
         order.iter().map(|l| bytes_list(py, l)).collect()
     }
 
-    /// Verifies every internal invariant; raises on the first broken one. O(num_slots).
+    /// Verifies every internal invariant; raises `KVOffloadError` on the first broken one.
+    /// O(slots used).
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.lock().map(|s| s.check_invariants()))
+        self.detached(py, |s| s.check_invariants())
     }
 }
 
