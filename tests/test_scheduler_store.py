@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from kvoffload.scheduler import RequestUpdate
+from kvoffload.scheduler import OffloadConfig, OffloadScheduler, RequestUpdate
 from sched_driver import Engine, block_hashes, make_scheduler
 
 TOKENS = list(range(1, 201))
@@ -99,3 +99,24 @@ def test_full_tier_refuses_and_offers_same_chunks_again():
     assert store.offered[-1] == refused
     assert [list(j.chunk_indices) for j in plan.store_jobs] == [[2]]
     assert [int(b) % 1000 for b in plan.store_jobs[0].gpu_block_ids] == [6, 7, 8]
+
+
+def test_an_offer_bigger_than_the_tier_stores_its_head():
+    # 4 slots, a 6-chunk prompt: the whole offer can never fit, so its first 4 chunks go in
+    # (vLLM would refuse it every step and never store anything).
+    sched = OffloadScheduler.create(OffloadConfig(16, 1, 4 * 1024), bytes_per_chunk=1024)
+    hashes = [bytes([i]) * 32 for i in range(6)]
+    sched.add_request("a", 96)
+    assert sched.lookup("a", 0, 96, hashes) == 0
+    sched.on_allocated("a", list(range(6)))
+    (job,) = sched.plan_step([RequestUpdate("a", 96, 96, (), hashes)]).store_jobs
+    assert job.chunk_indices.tolist() == [0, 1, 2, 3]
+    assert job.gpu_block_ids.tolist() == [0, 1, 2, 3]
+    sched.complete_job(job.job_id, True)
+    # The rest is given up, not offered again.
+    assert sched.plan_step([RequestUpdate("a", 97, 97, (), hashes)]).store_jobs == []
+    sched.finish_request("a")
+    # A later request with the same prompt loads the head: 4 chunks.
+    sched.add_request("b", 96)
+    assert sched.lookup("b", 0, 96, hashes) == 64
+    assert sched.stats().store_refusals == 0

@@ -307,15 +307,28 @@ def test_arc_touch_during_the_store_is_not_a_second_use():
 
 
 def test_arc_ghost_hit_moves_a_returning_key_to_the_frequent_list():
+    # The published ARC (FAST'03, Fig. 4) with c = 2, step by step.
     s = CpuStore(2, "arc")
-    store(s, 1, 2)
-    plan = store(s, 3)
-    assert ids(plan.evicted) == [1]
-    assert s.stats().arc_target_t1 == 0.0
-    plan = store(s, 1)  # 1 comes back while remembered as a ghost
+    store(s, 1, 2)  # T1 = [1, 2]
+    s.touch(ks(1))  # a hit: T1 = [2], T2 = [1]
+    plan = store(s, 3)  # |T1| = 1 > p = 0: T1's oldest leaves for B1
     assert ids(plan.evicted) == [2]
     assert order(s) == [[3], [1]]
+    plan = store(s, 2)  # a B1 ghost: p = 0 + max(|B2|/|B1|, 1) = 1, then |T1| = 1 is not > p
+    assert ids(plan.evicted) == [1]
+    assert order(s) == [[3], [2]]
     assert s.stats().arc_target_t1 == 1.0
+
+
+def test_arc_a_full_t1_forgets_its_oldest_key_entirely():
+    # Case IV(a) with |T1| = c: the oldest key of T1 leaves without a ghost, so its return is
+    # a plain miss (into T1), not a ghost hit.
+    s = CpuStore(2, "arc")
+    store(s, 1, 2)
+    assert ids(store(s, 3).evicted) == [1]
+    assert ids(store(s, 1).evicted) == [2]
+    assert order(s) == [[3, 1], []]
+    assert s.stats().arc_target_t1 == 0.0
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -484,7 +497,8 @@ def test_reset_drops_ready_keys_now_and_busy_keys_when_released():
     assert statuses(s, 1, 2, 3, 4) == [ABSENT] * 4
     assert s.lookup_prefix(ks(2)) == (0, False)
     st = s.stats()
-    assert (st.used_slots, st.ready, st.pending, st.pinned) == (2, 1, 1, 1)
+    # In use until released, counted nowhere else.
+    assert (st.used_slots, st.ready, st.pending, st.pinned) == (2, 0, 0, 0)
     with pytest.raises(InvalidStateError, match=r"absent \(reset\)"):
         s.prepare_load(ks(2))
     # An offer holding a key that reset dropped but that is still busy is refused ("cannot

@@ -18,7 +18,7 @@ import numpy.typing as npt
 from kvoffload import _rust
 
 MAX_KEY_LEN: int = _rust.MAX_KEY_LEN
-MAX_SLOTS = 2**32 - 2  # slot ids are u32 in the core, one value reserved
+MAX_SLOTS = 2**31  # what the core's key index (at most 2^32 buckets) addresses
 POLICY_NAMES: tuple[str, ...] = tuple(_rust.POLICY_NAMES)
 
 KeyList = _rust.KeyList
@@ -158,10 +158,16 @@ class CpuStore:
         rank: int | None = None,
         first_position: int = 0,
         positions: Sequence[int] | None = None,
+        partial: bool = False,
     ) -> StorePlan | None:
         """Reserves slots for the keys that are neither pending nor ready (duplicates count once),
         evicting unpinned ready keys if needed; keys of this batch are never evicted for it.
         Returns `None` ("cannot store now") when they do not all fit: nothing else changed.
+
+        With `partial=True`, a batch that could never fit whole (its new and resident keys
+        outnumber the slots) stores the longest run of its new keys, in order, that fits now
+        (the head of a prefix is what lookups hit); the plan lists only those. Without it such a
+        batch is refused every time, as vLLM's manager does.
 
         With a `rank` from `new_rank`, the keys are used by that request, key `j` at position
         `first_position + j` of it: under `lru` a request's keys then leave as one group, ordered
@@ -172,7 +178,7 @@ class CpuStore:
         consecutive; a negative one means "no position": a new key then takes a plain use and a
         resident one stays where it is."""
         _check_positions(rank, positions)
-        out = self._inner.prepare_store(keys, rank, first_position, positions)
+        out = self._inner.prepare_store(keys, rank, first_position, positions, partial)
         if out is None:
             return None
         to_write, indices, slots, evicted = out

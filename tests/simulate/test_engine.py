@@ -198,3 +198,4 @@ def test_repeated_request_ids_are_refused():
     req = SimRequest("x", np.arange(1, 17, dtype=np.int32), np.ones(1, dtype=np.int32))
     with pytest.raises(ValueError, match="requests repeat a request_id"):
         simulate([req, req], ENGINE, OffloadConfig(16, 1, 48 * BPC_BYTES), BPC_BYTES)
+

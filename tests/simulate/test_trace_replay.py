@@ -61,6 +61,32 @@ def test_offload_decode_stores_the_answer_too(tmp_path, run_cli):
     assert (r["chunks_written"], r["decode_chunks_written"]) == (12, 0)
 
 
+def test_a_tier_smaller_than_one_prompt_serves_its_head(tmp_path, run_cli):
+    # A's 11-chunk prompt can never fit the 6-slot tier whole: its first 6 chunks are stored
+    # (a partial store), B (which stores nothing) evicts A from the 12 GPU blocks, and C, which
+    # shares A's first 10 chunks, loads those 6.
+    no_store = {"max_offload_tokens": 0}
+    lines = [
+        {"id": "A", "prompt": [seg("sys", 160), seg("a", 16)], "output_tokens": 1},
+        {
+            "id": "B",
+            "arrival": 10,
+            "prompt": [seg("other", 192)],
+            "output_tokens": 1,
+            "kv_transfer_params": no_store,
+        },
+        {"id": "C", "arrival": 20, "prompt": [seg("sys", 160), seg("b", 16)], "output_tokens": 1},
+    ]
+    trace = write_trace(tmp_path / "t.jsonl", lines)
+    six_chunks = str(6 * 16 * 1024 / 2**30)
+    flags = ["--gpu-blocks", "12", "--max-running", "1", "--kv-bytes-per-token", "1024"]
+    _, out, _ = run_cli("--trace", trace, *flags, "--cpu-gib", six_chunks)
+    r = out["runs"][0]["result"]
+    assert r["cpu_hit_tokens"] == 6 * 16
+    # C then offers its other 5 chunks, which fit the tier whole (evicting A's oldest).
+    assert r["chunks_written"] == 6 + 5
+
+
 @pytest.mark.parametrize(
     ("flag_cap", "line_cap", "hit"),
     [

@@ -53,6 +53,18 @@ _NO_BLOCKS: IntArray = np.empty(0, dtype=np.int64)
 _NO_BLOCKS.flags.writeable = False
 
 
+def _short(values: object, shown: int = 5) -> str:
+    """`values` for an error message: a long sequence shows its first items and a count."""
+    try:
+        items = list(values)  # type: ignore[call-overload]
+    except TypeError:
+        return repr(values)
+    if len(items) <= shown:
+        return repr(values)
+    head = ", ".join(repr(v) for v in items[:shown])
+    return f"[{head}, ... and {len(items) - shown} more]"
+
+
 def _block_ids(name: str, values: Sequence[int] | IntArray) -> IntArray:
     """`values` as GPU block ids, or a ValueError naming `name`: every id an int >= 0."""
     if isinstance(values, (list, tuple)) and not values:
@@ -62,7 +74,7 @@ def _block_ids(name: str, values: Sequence[int] | IntArray) -> IntArray:
         return _NO_BLOCKS
     if ids.ndim != 1 or ids.dtype.kind not in "iu" or int(ids.min()) < 0:
         raise ValueError(
-            f"{name}={values!r} is invalid: expected a sequence of ints >= 0 (GPU block ids)"
+            f"{name}={_short(values)} is invalid: expected a sequence of ints >= 0 (GPU block ids)"
         )
     return ids.astype(np.int64, copy=False)
 
@@ -222,9 +234,10 @@ class OffloadScheduler:
             return None
         if planned is None or num_external_tokens != planned[1]:
             offered = 0 if planned is None else planned[1]
+            allowed = f"0 or {offered}" if offered else "0 (it offered nothing)"
             raise ValueError(
                 f"num_external_tokens={num_external_tokens} for request {request_id!r} is not "
-                f"what its last lookup offered ({offered}); pass 0 or {offered}"
+                f"what its last lookup offered; allowed: {allowed}"
             )
         num_local, loadable = planned
         tpc, bpc = self.config.tokens_per_chunk, self.config.blocks_per_chunk
@@ -439,6 +452,11 @@ class OffloadScheduler:
             raise ValueError(f"request_id={u.request_id!r} already finished")
         computed = _count("num_computed_tokens", u.num_computed_tokens)
         num_tokens = _count("num_tokens", u.num_tokens)
+        if computed > num_tokens:
+            raise ValueError(
+                f"num_computed_tokens={computed} for request {u.request_id!r} is more than its "
+                f"num_tokens={num_tokens}: KV exists only for tokens the request has"
+            )
         new_blocks = _block_ids("new_block_ids", u.new_block_ids)
         if u.block_hashes is not None:
             self._extend_keys(req, u.block_hashes)
@@ -472,8 +490,11 @@ class OffloadScheduler:
             return None
         # Built before the store changes anything, so nothing below can fail half-way.
         chunks = np.asarray(req.block_ids[start * bpc : n * bpc], dtype=np.int64).reshape(-1, bpc)
+        # An offer bigger than the whole tier stores its head (what later requests can hit)
+        # instead of being refused every step; the rest of it is given up, since offering it
+        # again could only evict that head.
         plan = self.store.prepare_store(
-            req.keys.view(start, n), rank=self._rank(req), first_position=start
+            req.keys.view(start, n), rank=self._rank(req), first_position=start, partial=True
         )
         if plan is None:
             # The frontier stays: the same chunks are offered again next step.

@@ -5,6 +5,11 @@ This is the only part of kvoffload that imports torch. `TransferEngine` is the e
 a number of slots), and `CpuPool` is the engine's slot memory.
 """
 
+try:
+    import torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("kvoffload.transfer needs torch: pip install 'kvoffload[torch]'") from exc
+
 from kvoffload.transfer.engine import TransferEngine, TransferResult
 from kvoffload.transfer.layout import KVCacheLayout, KVCaches
 from kvoffload.transfer.plan import COPY_PATHS, CopyPath

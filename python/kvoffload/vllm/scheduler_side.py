@@ -105,7 +105,8 @@ class SchedulerSide:
             groups, full_table = blocks[rid]
             # New and resumed requests handed over their whole table in update_state_after_alloc.
             new_blocks = groups[0] if groups and not full_table else ()
-            computed = request.num_computed_tokens + num_scheduled
+            # Speculative drafts are scheduled past num_tokens; their KV may be rejected.
+            computed = min(request.num_computed_tokens + num_scheduled, request.num_tokens)
             updates.append(
                 RequestUpdate(rid, computed, request.num_tokens, new_blocks, request.block_hashes)
             )
@@ -146,7 +147,7 @@ class SchedulerSide:
         if not self.scheduler.has_request(rid):
             return False
         if request.status == RequestStatus.FINISHED_ABORTED:
-            computed = request.num_computed_tokens
+            computed = min(request.num_computed_tokens, request.num_tokens)
         else:
             # The last sampled token never had its KV computed.
             computed = max(request.num_prompt_tokens, request.num_tokens - 1)

@@ -389,7 +389,7 @@ impl Store {
     /// keys by the policy if the free slots do not suffice. `Ok(None)` means "cannot store now":
     /// the store is unchanged (only the refusal counter moves).
     pub fn prepare_store<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Option<StorePlan>> {
-        self.prepare_store_ranked(keys, None)
+        self.prepare_store_ranked(keys, None, false)
     }
 
     /// A new request rank: its keys (stored or loaded with it) sort as one group, tails first,
@@ -401,10 +401,16 @@ impl Store {
     /// `prepare_store` by a request: new keys take their place in `batch`; ready keys of the
     /// offer move up to theirs if they sort below it, even when the offer is refused (as in
     /// vLLM, where the offer is a use of them).
+    ///
+    /// With `partial`, an offer that could never fit whole (its new keys and its resident ones
+    /// together outnumber the slots) stores the longest run of its new keys, in offer order,
+    /// that fits now: the head of a prefix is what later lookups can hit. The plan then lists
+    /// only those keys. Without it, such an offer is refused every time (vLLM's behaviour).
     pub fn prepare_store_ranked<K: AsRef<[u8]>>(
         &mut self,
         keys: &[K],
         batch: Option<RankedBatch<'_>>,
+        partial: bool,
     ) -> Result<Option<StorePlan>> {
         validate_keys(keys)?;
         RankedBatch::check(batch, keys.len())?;
@@ -417,6 +423,7 @@ impl Store {
         let mut new: Vec<(u32, u64)> = Vec::with_capacity(keys.len());
         let mut seen = Index::with_capacity(keys.len(), 0.5);
         let mut protected: Vec<u32> = Vec::new();
+        let mut protected_unpinned = 0u64;
         let mut blocked_by_reset = false;
         for (i, (hash, slot)) in found.into_iter().enumerate() {
             if let Some(slot) = slot {
@@ -427,6 +434,7 @@ impl Store {
                 if e.state == State::Ready && e.flags == 0 {
                     e.flags |= PROTECTED;
                     protected.push(slot);
+                    protected_unpinned += u64::from(e.pins == 0);
                     if let Some(rank) = RankedBatch::rank_at(batch, i) {
                         self.policy.raise(&mut self.entries, slot, rank);
                     }
@@ -442,9 +450,17 @@ impl Store {
                 new.push((i as u32, hash));
             }
         }
+        let mut nothing_fits = false;
+        if partial && new.len() + protected.len() > self.num_slots as usize {
+            // Room now: the free slots and every unpinned ready key not offered here.
+            let evictable = self.stats.ready - self.stats.pinned - protected_unpinned;
+            new.truncate(self.free_slots() + evictable as usize);
+            // Not even the first key fits now (all pinned or pending): ask again later.
+            nothing_fits = new.is_empty();
+        }
         let need = new.len().saturating_sub(self.free_slots());
         let fingerprints: Vec<u64> = new.iter().map(|&(_, hash)| hash).collect();
-        let victims = if blocked_by_reset {
+        let victims = if blocked_by_reset || nothing_fits {
             None
         } else {
             let entries = &self.entries;

@@ -35,7 +35,7 @@ fn store_ranked(s: &mut Store, keys: &[u8], rank: u64, first_position: i64) -> S
 
 fn store_in(s: &mut Store, keys: &[u8], batch: Option<RankedBatch>) -> StorePlan {
     let plan = s
-        .prepare_store_ranked(&ks(keys), batch)
+        .prepare_store_ranked(&ks(keys), batch, false)
         .unwrap()
         .expect("room for the keys");
     let written: Vec<Vec<u8>> = plan.indices.iter().map(|&i| k(keys[i as usize])).collect();
@@ -322,6 +322,7 @@ fn lru_ranked_walk() {
                 rank: e,
                 positions: Positions::From(0),
             }),
+            false,
         )
         .unwrap();
     assert!(refused.is_none());
@@ -360,7 +361,7 @@ fn lru_positions_per_key() {
         positions: Positions::Each(&short),
     };
     let err = s
-        .prepare_store_ranked(&ks(&[15, 16, 17]), Some(bad))
+        .prepare_store_ranked(&ks(&[15, 16, 17]), Some(bad), false)
         .unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -385,11 +386,60 @@ fn lru_order_stays_small_when_a_key_keeps_failing_at_one_rank() {
     };
     let before = s.stats().metadata_bytes_per_slot;
     for _ in 0..10_000 {
-        s.prepare_store_ranked(&ks(&[1]), Some(batch))
+        s.prepare_store_ranked(&ks(&[1]), Some(batch), false)
             .unwrap()
             .unwrap();
         s.complete_store(&ks(&[1]), false).unwrap();
     }
     s.check_invariants().unwrap();
     assert!(s.stats().metadata_bytes_per_slot < before + 1024.0);
+}
+
+/// An offer bigger than the whole tier stores the longest run of its new keys that fits now,
+/// in offer order; without `partial` it is refused every time.
+#[test]
+fn partial_stores_keep_the_head_of_an_offer_that_can_never_fit() {
+    let mut s = Store::new(4, PolicyKind::Lru, false).unwrap();
+    store(&mut s, &[1]);
+    s.prepare_load(&ks(&[1])).unwrap(); // 1 is pinned: 3 slots can be had now
+    let offer = ks(&[10, 11, 12, 13, 14, 15]);
+    assert!(s
+        .prepare_store_ranked(&offer, None, false)
+        .unwrap()
+        .is_none());
+    let plan = s.prepare_store_ranked(&offer, None, true).unwrap().unwrap();
+    assert_eq!(plan.indices, vec![0, 1, 2]);
+    assert_eq!(plan.slots, vec![1, 2, 3]);
+    s.complete_store(&ks(&[10, 11, 12]), true).unwrap();
+    s.check_invariants().unwrap();
+    // Resident keys of the offer count against it: [11, 12] are there, so [11..15] never fits
+    // whole in 4 slots; 1 is still pinned and 11, 12 are protected, so only 10 can go: one more.
+    let plan = s
+        .prepare_store_ranked(&ks(&[11, 12, 13, 14, 15]), None, true)
+        .unwrap()
+        .unwrap();
+    assert_eq!(plan.indices, vec![2]);
+    assert_eq!(plan.evicted.to_vecs(), ks(&[10]));
+    // An offer that fits whole is all-or-nothing as before.
+    s.complete_store(&ks(&[13]), true).unwrap();
+    s.complete_load(&ks(&[1])).unwrap();
+    let plan = s
+        .prepare_store_ranked(&ks(&[20, 21]), None, true)
+        .unwrap()
+        .unwrap();
+    assert_eq!(plan.indices, vec![0, 1]);
+}
+
+#[test]
+fn a_partial_store_that_fits_nothing_now_is_refused() {
+    let mut s = Store::new(2, PolicyKind::Arc, false).unwrap();
+    store(&mut s, &[1, 2]);
+    s.prepare_load(&ks(&[1, 2])).unwrap();
+    let before = s.stats().store_refusals;
+    assert!(s
+        .prepare_store_ranked(&ks(&[5, 6, 7]), None, true)
+        .unwrap()
+        .is_none());
+    assert_eq!(s.stats().store_refusals, before + 1);
+    s.check_invariants().unwrap();
 }

@@ -81,7 +81,7 @@ impl Store {
     /// view was offered), `indices` their positions in the offer and `slots` their
     /// slots (both int64 bytes).
     #[allow(clippy::type_complexity)]
-    #[pyo3(signature = (keys, rank = None, first_position = 0, positions = None))]
+    #[pyo3(signature = (keys, rank = None, first_position = 0, positions = None, partial = false))]
     fn prepare_store<'py>(
         &self,
         py: Python<'py>,
@@ -89,6 +89,7 @@ impl Store {
         rank: Option<u64>,
         first_position: i64,
         positions: Option<&Bound<'py, PyAny>>,
+        partial: bool,
     ) -> PyResult<
         Option<(
             Bound<'py, PyAny>,
@@ -100,7 +101,9 @@ impl Store {
         let arg = KeyArg::extract(keys)?;
         let positions = positions.map(extract_positions).transpose()?;
         let batch = ranked(rank, first_position, positions.as_deref());
-        let Some(plan) = self.with_keys(py, &arg, |s, k| s.prepare_store_ranked(k, batch))? else {
+        let Some(plan) =
+            self.with_keys(py, &arg, |s, k| s.prepare_store_ranked(k, batch, partial))?
+        else {
             return Ok(None);
         };
         let answer = (|| {
