@@ -26,7 +26,7 @@ $(VENV)/.deps: requirements-dev.txt $(VENV)/.base
 venv: $(VENV)/.deps
 
 # Builds the extension (cargo is incremental, so this is quick when nothing changed) and installs
-# the package in editable mode (with numpy, its one dependency).
+# the package in editable mode (with its dependencies, numpy and tqdm).
 build-ext: $(VENV)/.base
 	$(VENV)/bin/maturin develop --release --quiet
 

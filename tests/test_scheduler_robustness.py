@@ -117,7 +117,7 @@ def test_jobs_pickle_for_worker_processes():
     assert load.skip_leading_blocks == 1
 
 
-@pytest.mark.parametrize("bad", ["24", 24.5, -1, True])
+@pytest.mark.parametrize("bad", ["24", 24.5, -1, True, 2**64])
 def test_invalid_max_load_tokens_warns_once_and_counts(caplog, bad):
     sched, _ = make_scheduler()
     with caplog.at_level(logging.WARNING, logger="kvoffload"):
@@ -126,6 +126,19 @@ def test_invalid_max_load_tokens_warns_once_and_counts(caplog, bad):
     assert len(msgs) == 1
     assert "req-9" in msgs[0] and repr(bad) in msgs[0] and type(bad).__name__ in msgs[0]
     assert sched.stats().ignored_params == {"max_load_tokens": 1}
+    # The request runs uncapped (2**64 would overflow the core's token arithmetic).
+    assert sched.lookup("req-9", 0, 52, block_hashes(FIRST[:52])) == 0
+
+
+def test_impossible_token_counts_are_refused_naming_them():
+    sched, _ = make_scheduler()
+    scheduled(sched, "a", FIRST, 24, list(range(6)))
+    with pytest.raises(ValueError, match=r"num_computed_tokens=30 for request 'a' is more than"):
+        sched.plan_step([RequestUpdate("a", 30, 24)])
+    with pytest.raises(ValueError, match=r"offered; allowed: 0 \(it offered nothing\)"):
+        sched.on_allocated("a", list(range(6)), 16)
+    with pytest.raises(ValueError, match=r"\[-1, 2, 3, 4, 5, \.\.\. and 95 more\] is invalid"):
+        sched.plan_step([RequestUpdate("a", 24, 24, [-1, *range(2, 101)])])
 
 
 @pytest.mark.parametrize("bad", ["abc", 12, ["max_load_tokens", 1]])

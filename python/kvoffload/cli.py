@@ -1,16 +1,10 @@
-"""The `kvoffload` command. `kvoffload simulate` replays a workload through the real offload
-scheduler and CPU-tier store around a model of a vLLM engine (no GPU, no vLLM) and prints what the
-CPU tier saves and costs; `--compare` puts two settings side by side, `--sweep-cpu-gib` sizes the
-tier.
-
-Exit codes: 0 done, 1 `--verify-data` found wrong bytes, 2 a usage error (the message names the
-flag and what it allows).
-"""
+"""The `kvoffload` command line (`kvoffload simulate`)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -23,18 +17,32 @@ from typing import Any, NoReturn
 
 import kvoffload
 from kvoffload.scheduler import OffloadConfig
-from kvoffload.simulate import engine as engine_mod
+from kvoffload.simulate.engine import EngineConfig, simulate
 from kvoffload.simulate.models import DEFAULT_MODEL, MODELS
-from kvoffload.simulate.report import SimResult, sweep_table, table
+from kvoffload.simulate.report import SimResult, header, sweep_table, table, title
 from kvoffload.simulate.trace import TraceError, load_trace
+from kvoffload.simulate.verify import PAGE_BYTES
 from kvoffload.simulate.workloads import WORKLOADS, SimRequest, Workload, describe
 from kvoffload.store import POLICY_NAMES
+
+SIMULATE_HELP = """\
+Replays a workload through the real offload scheduler and CPU-tier store around a model of a
+vLLM engine (no GPU, no vLLM) and prints what the CPU tier saves and costs. `--compare` puts
+two settings side by side, `--sweep-cpu-gib` sizes the tier. The README's "Simulator" section
+explains the model, the trace format and how to read the table.
+
+Exit codes: 0 done, 1 `--verify-data` found wrong bytes (or the output could not be written),
+2 a usage error (the message names the flag and what it allows)."""
 
 _MAX_GPU_BLOCKS = 1 << 22
 _MAX_SLOTS = 1 << 22
 """The simulator keeps per-block and per-slot state in memory: 4M of each is plenty."""
-_MAX_TOKENS = 1 << 28
-"""Tokens a generated workload may hold in all (4 bytes each)."""
+_MAX_TOKENS = 1 << 26
+"""Prompt and output tokens of a whole workload (4 bytes each)."""
+_MAX_BLOCKS = 1 << 22
+"""Full blocks of all requests together: each keeps a 32-byte hash object (about 100 bytes)."""
+_MAX_VERIFY_BYTES = 1 << 30
+"""The CPU pool `--verify-data` allocates: 64 bytes per block of every slot."""
 _COUNT_MAX = 1 << 20
 COMPARISONS = ("offload_prompt_only", "eviction_policy")
 
@@ -75,6 +83,19 @@ def _positive(text: str) -> float:
     return value
 
 
+def _float_in(lo: float, hi: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not lo <= value <= hi:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"expected a number in {lo:g}..{hi:g}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _sizes(text: str) -> list[float]:
     parts = [p.strip() for p in text.split(",")]
     try:
@@ -92,6 +113,7 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+@functools.cache
 def _workload_fields() -> dict[str, dict[str, Any]]:
     """Every workload size flag: its bound, help and per-workload defaults."""
     out: dict[str, dict[str, Any]] = {}
@@ -109,7 +131,7 @@ def _parser() -> _Parser:
     s = sub.add_parser(
         "simulate",
         help="replay a workload through the scheduler and CPU tier (no GPU)",
-        description=__doc__,
+        description=SIMULATE_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     w = s.add_argument_group("workload")
@@ -135,14 +157,19 @@ def _parser() -> _Parser:
         )
 
     e = s.add_argument_group("engine model")
-    d = engine_mod.EngineConfig()
+    d = EngineConfig()
     kv = e.add_mutually_exclusive_group()
     kv.add_argument(
         "--model",
         choices=list(MODELS),
         help=f"sets the KV bytes per token (default: {DEFAULT_MODEL}, bf16)",
     )
-    kv.add_argument("--kv-bytes-per-token", type=_int_in(1, 1 << 30), metavar="N")
+    kv.add_argument(
+        "--kv-bytes-per-token",
+        type=_int_in(1, 1 << 30),
+        metavar="N",
+        help="KV bytes per token over all layers, instead of --model",
+    )
     e.add_argument(
         "--tokens-per-block", type=_int_in(1, 4096), default=16, metavar="N", help="default: 16"
     )
@@ -157,9 +184,9 @@ def _parser() -> _Parser:
         ("gpu_blocks", _int_in(1, _MAX_GPU_BLOCKS), "GPU KV-cache blocks"),
         ("max_running", _int_in(1, 1 << 16), "requests running at once"),
         ("max_batched_tokens", _int_in(1, 1 << 24), "tokens per step (chunked prefill)"),
-        ("pcie_gbps", _positive, "GB/s per direction"),
-        ("prefill_tokens_per_s", _positive, "prompt tokens computed per second"),
-        ("decode_step_ms", _positive, "time of a step without prompt tokens"),
+        ("pcie_gbps", _float_in(0.01, 10_000), "GB/s per direction"),
+        ("prefill_tokens_per_s", _float_in(1, 1e9), "prompt tokens computed per second"),
+        ("decode_step_ms", _float_in(0.001, 1e6), "time of a step without prompt tokens"),
     ]
     for name, parse, help in engine_flags:
         e.add_argument(
@@ -184,7 +211,12 @@ def _parser() -> _Parser:
         metavar="N",
         help="kv_transfer_params cap for every request (a trace line's own value wins)",
     )
-    o.add_argument("--max-offload-tokens", type=_int_in(0, 2**63 - 1), metavar="N", help="likewise")
+    o.add_argument(
+        "--max-offload-tokens",
+        type=_int_in(0, 2**63 - 1),
+        metavar="N",
+        help="kv_transfer_params cap on the tokens stored, for every request (likewise)",
+    )
 
     r = s.add_argument_group("runs and output")
     r.add_argument("--compare", choices=COMPARISONS, help="run both values side by side")
@@ -237,7 +269,7 @@ def _workload(args: argparse.Namespace) -> tuple[list[SimRequest], dict[str, Any
             flags = ["--workload"] * (args.workload is not None) + [_flag(n) for n in sorted(given)]
             raise UsageError(f"{', '.join(flags)} cannot be combined with --trace")
         try:
-            requests = load_trace(args.trace, seed=args.seed)
+            requests = load_trace(args.trace, seed=args.seed, max_tokens=_MAX_TOKENS)
         except TraceError as e:
             raise UsageError(str(e)) from None
         return requests, {"trace": args.trace, "requests": len(requests), "seed": args.seed}
@@ -274,32 +306,65 @@ def _with_caps(requests: list[SimRequest], args: argparse.Namespace) -> list[Sim
     ]
 
 
-def _check_slots(cpu_gib: float, bytes_per_chunk: int) -> int:
+def _check_slots(flag: str, cpu_gib: float, bytes_per_chunk: int) -> int:
     slots = int(cpu_gib * 2**30) // bytes_per_chunk
     if slots < 1:
         raise UsageError(
-            f"--cpu-gib {cpu_gib:g} holds no chunk: one chunk is {bytes_per_chunk:,} bytes "
+            f"{flag} {cpu_gib:g} holds no chunk: one chunk is {bytes_per_chunk:,} bytes "
             f"({bytes_per_chunk / 2**30:.4g} GiB)"
         )
     if slots > _MAX_SLOTS:
         raise UsageError(
-            f"--cpu-gib {cpu_gib:g} makes {slots:,} chunks of {bytes_per_chunk:,} bytes; the "
+            f"{flag} {cpu_gib:g} makes {slots:,} chunks of {bytes_per_chunk:,} bytes; the "
             f"simulator takes at most {_MAX_SLOTS:,}: raise --blocks-per-chunk"
         )
     return slots
 
 
-def _check_optional_imports(args: argparse.Namespace) -> None:
+def _check_plot(path: str) -> None:
+    target = Path(path)
+    if not target.name or target.is_dir():
+        raise UsageError(f"--plot {path!r}: expected a file name (e.g. sweep.png)")
+    parent = target.parent
+    if not parent.is_dir():
+        raise UsageError(f"--plot {path}: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--plot {path}: directory {str(parent)!r} is not writable")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib: pip install 'kvoffload[plot]'")
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """What no single flag's parser can see: combinations and optional dependencies."""
     if args.plot is not None:
         if args.sweep_cpu_gib is None:
             raise UsageError("--plot needs --sweep-cpu-gib (it plots the sweep)")
-        parent = Path(args.plot).parent
-        if not parent.is_dir():
-            raise UsageError(f"--plot {args.plot}: directory {str(parent)!r} does not exist")
-        if importlib.util.find_spec("matplotlib") is None:
-            raise UsageError("--plot needs matplotlib: pip install 'kvoffload[plot]'")
+        _check_plot(args.plot)
     if args.verify_data and importlib.util.find_spec("torch") is None:
         raise UsageError("--verify-data needs torch: pip install 'kvoffload[torch]'")
+    if args.sweep_cpu_gib is not None and args.cpu_gib is not None:
+        raise UsageError("--cpu-gib and --sweep-cpu-gib are exclusive")
+    if args.max_batched_tokens < args.max_running:
+        raise UsageError(
+            f"--max-batched-tokens {args.max_batched_tokens} is less than --max-running "
+            f"{args.max_running}: every running request decodes one token a step (vLLM refuses "
+            "this too)"
+        )
+
+
+def _check_sizes(requests: Sequence[SimRequest], engine: EngineConfig, tpb: int) -> None:
+    blocks = sum((len(r.prompt) + len(r.output)) // tpb for r in requests)
+    if blocks > _MAX_BLOCKS:
+        raise UsageError(
+            f"the workload makes {blocks:,} blocks of --tokens-per-block {tpb}; the simulator "
+            f"takes at most {_MAX_BLOCKS:,}: use fewer or smaller requests, or larger blocks"
+        )
+    need, rid = engine.largest(requests, tpb)
+    if need > engine.gpu_blocks:
+        raise UsageError(
+            f"--gpu-blocks {engine.gpu_blocks} is too small: request {rid!r} needs {need:,} "
+            f"blocks of {tpb} tokens (the most of any request)"
+        )
 
 
 def _progress(total: int, args: argparse.Namespace) -> Any:
@@ -307,31 +372,53 @@ def _progress(total: int, args: argparse.Namespace) -> Any:
         from tqdm import tqdm  # type: ignore[import-untyped]
     except ImportError:  # pragma: no cover - tqdm is a dependency
         return None
-    off = args.quiet or args.json or not sys.stderr.isatty()
+    on_tty = sys.stderr is not None and sys.stderr.isatty()
+    off = args.quiet or args.json or not on_tty
     return tqdm(total=total, disable=off, delay=1.0, unit="req", file=sys.stderr, leave=False)
 
 
+def _err(message: str) -> None:
+    """Writes to stderr, if there is one."""
+    if sys.stderr is not None:
+        sys.stderr.write(message + "\n")
+
+
+class _OutputGone(Exception):
+    """stdout could not be written (other than a reader that left): exit code 1."""
+
+
 def _emit(text: str) -> None:
-    """Prints; a reader that went away (`| head`) ends the output quietly."""
+    """Prints; a reader that went away (`| head`) or a closed stdout ends the output quietly."""
+    if sys.stdout is None:
+        return
     try:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
         # Python would complain again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as e:
+        raise _OutputGone(f"cannot write the output: {e.strerror or e}") from None
 
 
 def simulate_command(args: argparse.Namespace) -> int:
-    _check_optional_imports(args)
-    if args.sweep_cpu_gib is not None and args.cpu_gib is not None:
-        raise UsageError("--cpu-gib and --sweep-cpu-gib are exclusive")
+    _check_flags(args)
     settings = _settings(args)
     sizes = args.sweep_cpu_gib or [args.cpu_gib or 8.0]
+    size_flag = "--sweep-cpu-gib" if args.sweep_cpu_gib else "--cpu-gib"
     model = args.model or DEFAULT_MODEL
     kv_bytes = args.kv_bytes_per_token or MODELS[model]
     bytes_per_chunk = kv_bytes * args.tokens_per_block * args.blocks_per_chunk
-    slots = {size: _check_slots(size, bytes_per_chunk) for size in sizes}
-    engine = engine_mod.EngineConfig(
+    slots = {size: _check_slots(size_flag, size, bytes_per_chunk) for size in sizes}
+    if args.verify_data:
+        pool = max(slots.values()) * args.blocks_per_chunk * PAGE_BYTES
+        if pool > _MAX_VERIFY_BYTES:
+            raise UsageError(
+                f"--verify-data would allocate a {pool / 2**30:.1f} GiB CPU pool (64 bytes per "
+                f"block of every slot); at most {_MAX_VERIFY_BYTES >> 30} GiB: use a smaller "
+                f"{size_flag} or larger chunks"
+            )
+    engine = EngineConfig(
         gpu_blocks=args.gpu_blocks,
         max_running=args.max_running,
         max_batched_tokens=args.max_batched_tokens,
@@ -340,14 +427,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         decode_step_ms=args.decode_step_ms,
     )
     requests, workload_info = _workload(args)
-    for r in requests:
-        need = engine.blocks_needed(r, args.tokens_per_block)
-        if need > engine.gpu_blocks:
-            raise UsageError(
-                f"--gpu-blocks {engine.gpu_blocks} is too small: request {r.request_id!r} "
-                f"({len(r.prompt):,} prompt + {len(r.output):,} output tokens) needs {need:,} "
-                f"blocks of {args.tokens_per_block} tokens"
-            )
+    _check_sizes(requests, engine, args.tokens_per_block)
     requests = _with_caps(requests, args)
     engine_info = {
         **dataclasses.asdict(engine),
@@ -394,33 +474,34 @@ def simulate_command(args: argparse.Namespace) -> int:
             for size, row in zip(sizes, grid, strict=True)
             for st, res in zip(settings, row, strict=True)
         ]
-        _emit(
-            json.dumps({"workload": workload_info, "engine": engine_info, "runs": runs}, indent=2)
-        )
+        out = {"workload": workload_info, "engine": engine_info, "runs": runs}
+        _emit(json.dumps(out, indent=2, allow_nan=False))
     else:
-        _emit(_header(workload_info, engine_info, sizes, settings))
+        policies = sorted({st.eviction_policy for st in settings})
+        _emit(header(workload_info, engine_info, sizes, policies))
         if args.sweep_cpu_gib is None:
             _emit(table(labels, grid[0]))
         else:
             _emit(sweep_table(sizes, labels, grid))
+    code = 0
     if args.plot is not None:
         from kvoffload.simulate.plot import plot_sweep
 
-        title = _title(workload_info, engine_info)
-        plot_sweep(args.plot, sizes, labels, grid, title)
+        try:
+            plot_sweep(args.plot, sizes, labels, grid, title(workload_info, engine_info))
+        except OSError as e:
+            _err(f"kvoffload simulate: --plot {args.plot}: cannot write it: {e.strerror or e}")
+            code = 1
     bad = sum(res.mismatched_blocks for row in grid for res in row)
     if bad:
-        print(
-            f"kvoffload simulate: --verify-data: {bad} loaded blocks held wrong bytes",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+        _err(f"kvoffload simulate: --verify-data: {bad} loaded blocks held wrong bytes")
+        code = 1
+    return code
 
 
 def _run(
     requests: Sequence[SimRequest],
-    engine: engine_mod.EngineConfig,
+    engine: EngineConfig,
     config: OffloadConfig,
     bytes_per_chunk: int,
     num_slots: int,
@@ -433,7 +514,7 @@ def _run(
 
         data = TransferDataCheck(engine.gpu_blocks, num_slots, config.blocks_per_chunk)
     try:
-        return engine_mod.simulate(
+        return simulate(
             requests,
             engine,
             config,
@@ -446,39 +527,6 @@ def _run(
             data.close()
 
 
-def _title(workload: dict[str, Any], engine: dict[str, Any]) -> str:
-    if "trace" in workload:
-        what = f"trace {workload['trace']} ({workload['requests']} requests)"
-    else:
-        sizes = ", ".join(
-            f"{k.replace('_', ' ')} {v}" for k, v in workload.items() if k not in ("name", "seed")
-        )
-        what = f"{workload['name']}: {sizes}"
-    model = engine["model"] or f"{engine['kv_bytes_per_token']:,} KV bytes/token"
-    return (
-        f"{what}\n{model}, {engine['tokens_per_block'] * engine['blocks_per_chunk']}-token chunks "
-        f"of {engine['bytes_per_chunk'] / 2**20:g} MiB, GPU cache {engine['gpu_blocks']:,} blocks, "
-        f"{engine['max_running']} running, PCIe {engine['pcie_gbps']:g} GB/s, prefill "
-        f"{engine['prefill_tokens_per_s']:,.0f} tok/s"
-    )
-
-
-def _header(
-    workload: dict[str, Any],
-    engine: dict[str, Any],
-    sizes: Sequence[float],
-    settings: Sequence[_Setting],
-) -> str:
-    tier = ", ".join(f"{s:g}" for s in sizes)
-    policies = sorted({st.eviction_policy for st in settings})
-    caps = [f"{k} {engine[k]}" for k in ("max_load_tokens", "max_offload_tokens") if engine[k]]
-    return (
-        f"{_title(workload, engine)}\nCPU tier {tier} GiB ({'/'.join(policies)})"
-        + (f", {', '.join(caps)}" if caps else "")
-        + "\n"
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     try:
@@ -488,8 +536,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return simulate_command(args)
     except UsageError as e:
-        sys.stderr.write(_usage("kvoffload simulate", str(e)))
+        _err(_usage("kvoffload simulate", str(e)).rstrip("\n"))
         return 2
+    except _OutputGone as e:
+        _err(f"kvoffload simulate: {e}")
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -120,3 +120,39 @@ def test_head_takes_the_first_line():
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"kvoffload {kvoffload.__version__}"
+
+
+@pytest.mark.parametrize(
+    ("redirect", "code", "stderr"),
+    [
+        (">&-", 0, ""),  # no stdout at all: nothing to print, no error
+        ("2>&-", 0, None),  # no stderr: the table still comes out
+        (">/dev/full", 1, "kvoffload simulate: cannot write the output: No space left on device"),
+    ],
+)
+def test_a_closed_or_full_output_ends_without_a_traceback(redirect, code, stderr):
+    cmd = f"{sys.executable} -m kvoffload simulate {' '.join(SMALL)} --cpu-gib {CPU_GIB} {redirect}"
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert done.returncode == code
+    assert "Traceback" not in done.stderr
+    if stderr is not None:
+        assert done.stderr.strip() == stderr
+    if redirect == "2>&-":
+        assert done.stdout.startswith("reasoning-chat: conversations 6")
+
+
+def test_a_plot_that_cannot_be_written_is_reported_after_the_table(capsys):
+    pytest.importorskip("matplotlib")
+    # /proc passes the up-front checks as root, but no file can be created in it.
+    sizes = str(40 * 16 * 1024 / 2**30)
+    code = main(["simulate", *SMALL, "--sweep-cpu-gib", sizes, "--plot", "/proc/x/y.png"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "--plot /proc/x/y.png: '/proc/x' is not a directory" in err
+    code = main(["simulate", *SMALL, "--sweep-cpu-gib", sizes, "--plot", "/proc/kvoffload.png"])
+    out, err = capsys.readouterr()
+    if code == 2:  # not root: refused up front
+        assert "is not writable" in err
+    else:
+        assert code == 1
+        assert out.splitlines()[4].startswith("CPU GiB")
+        assert err.startswith("kvoffload simulate: --plot /proc/kvoffload.png: cannot write it:")

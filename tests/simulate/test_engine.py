@@ -176,7 +176,7 @@ def test_gpu_cache_evicts_least_recently_freed_tails_first():
 
 def test_requests_the_gpu_cannot_hold_are_refused():
     w = Chat(conversations=1, turns=1)
-    with pytest.raises(ValueError, match=r"needs 176 GPU blocks .* but gpu_blocks=128"):
+    with pytest.raises(ValueError, match="gpu_blocks=128 is too small: request 'c0-t0' needs 176"):
         simulate(w.requests(0), ENGINE, OffloadConfig(16, 1, 48 * BPC_BYTES), BPC_BYTES)
 
 
@@ -199,3 +199,10 @@ def test_repeated_request_ids_are_refused():
     with pytest.raises(ValueError, match="requests repeat a request_id"):
         simulate([req, req], ENGINE, OffloadConfig(16, 1, 48 * BPC_BYTES), BPC_BYTES)
 
+
+def test_a_request_following_an_unknown_one_is_refused():
+    req = SimRequest(
+        "x", np.arange(1, 17, dtype=np.int32), np.ones(1, dtype=np.int32), after="nobody"
+    )
+    with pytest.raises(ValueError, match=r"requests follow unknown request ids: \['nobody'\]"):
+        simulate([req], ENGINE, OffloadConfig(16, 1, 48 * BPC_BYTES), BPC_BYTES)

@@ -157,3 +157,43 @@ def test_the_readme_trace_example_runs_as_pasted(tmp_path, run_cli):
     assert r["prompt_tokens"] == 6040 + 6035 + 5
     # r2 finds r1's 6,000-token document (375 blocks) in the GPU cache.
     assert r["gpu_hit_tokens"] == 6000
+
+
+def test_ttft_counts_from_the_arrival(tmp_path, run_cli):
+    # One request at a time. A (8,192 prompt tokens, arrival 0) prefills in one step of
+    # 15 ms + 8,192 / 20,000 s = 0.4246 s and finishes with its first token. B arrives at 0.01 s
+    # but runs only after A: its step ends at 0.4246 + 0.015 + 16 / 20,000 = 0.4404 s, so its
+    # TTFT is 0.4304 s, not the 0.0158 s of its own step.
+    lines = [
+        {"id": "A", "prompt": [seg("a", 8192)], "output_tokens": 1},
+        {"id": "B", "arrival": 0.01, "prompt": [seg("b", 16)], "output_tokens": 1},
+    ]
+    trace = write_trace(tmp_path / "t.jsonl", lines)
+    _, out, _ = run_cli("--trace", trace, "--max-running", "1", *TINY)
+    r = out["runs"][0]["result"]
+    assert r["ttft_mean_s"] == pytest.approx((0.4246 + 0.4304) / 2)
+    assert r["ttft_p90_s"] == pytest.approx(0.4304)
+
+
+def test_verify_data_catches_blocks_reused_while_a_store_is_in_flight(
+    tmp_path, run_cli, monkeypatch
+):
+    pytest.importorskip("torch")
+    from kvoffload.simulate import engine
+
+    finish = engine._Sim._finish
+
+    def free_blocks_at_once(self, finished):
+        # An engine that ignores hold_blocks: frees the blocks its stores still read.
+        finish(self, finished)
+        for run in finished:
+            self._release(run)
+
+    monkeypatch.setattr(engine._Sim, "_finish", free_blocks_at_once)
+    # A's stores (5 chunks at 0.01 GB/s: 8 ms) are still in flight when B, arriving at once,
+    # takes A's freed blocks and computes into them; C then loads what A's stores copied.
+    lines = [THREE[0], {**THREE[1], "arrival": 0.001}, {**THREE[2], "arrival": 1}]
+    trace = write_trace(tmp_path / "t.jsonl", lines)
+    code, out, err = run_cli("--trace", trace, *ENGINE, "--pcie-gbps", "0.01", "--verify-data")
+    assert code == 1
+    assert out["runs"][0]["result"]["mismatched_blocks"] > 0

@@ -12,6 +12,8 @@ logger = logging.getLogger(__name__)
 MAX_OFFLOAD_TOKENS = "max_offload_tokens"
 MAX_LOAD_TOKENS = "max_load_tokens"
 KV_TRANSFER_PARAMS = "kv_transfer_params"
+MAX_TOKEN_CAP = 2**63 - 1
+"""The largest cap the core's token arithmetic takes."""
 
 
 def checked_params(request_id: str, params: object, ignored: dict[str, int]) -> Mapping[str, Any]:
@@ -35,16 +37,16 @@ def checked_params(request_id: str, params: object, ignored: dict[str, int]) -> 
 def parse_token_cap(
     request_id: str, params: Mapping[str, Any], key: str, ignored: dict[str, int]
 ) -> int | None:
-    """The cap under `key`, or `None` when absent or invalid. Only `type(v) is int and v >= 0`
-    is accepted (so `True`, `"8"`, `8.5` and `-1` are not); each rejection warns once and counts
-    in `ignored[key]`."""
+    """The cap under `key`, or `None` when absent or invalid. Only `type(v) is int` in
+    `0..2**63-1` is accepted (so `True`, `"8"`, `8.5`, `-1` and `2**64` are not); each rejection
+    warns once and counts in `ignored[key]`."""
     raw = params.get(key)
     if raw is None:
         return None
-    if type(raw) is int and raw >= 0:
+    if type(raw) is int and 0 <= raw <= MAX_TOKEN_CAP:
         return raw
     logger.warning(
-        "request %s: kv_transfer_params[%r]=%r (%s) is not a non-negative int; ignoring it",
+        "request %s: kv_transfer_params[%r]=%r (%s) is not an int in 0..2**63-1; ignoring it",
         request_id,
         key,
         raw,

@@ -1,11 +1,13 @@
 """The engine model: vLLM-like continuous batching around the real `OffloadScheduler` and store.
 
 Per step: finished transfers are reported; arrived requests are admitted in order while fewer
-than `max_running` run and the GPU has blocks for their whole prompt and output (reserved at
-admission, so nothing is preempted); then every running request computes its remaining prompt
-(prefill) or one token (decode), and the step takes `decode_step_ms` plus its prefill tokens
-over `prefill_tokens_per_s`. A request whose prefix the CPU tier holds first waits for its load.
-Transfers run one at a time per direction at `pcie_gbps`, from the step that submits them.
+than `max_running` compute and the GPU has blocks for their whole prompt and output (reserved
+at admission, so nothing is preempted); then every running request computes one token (decode)
+or the next piece of its prompt within `max_batched_tokens` (chunked prefill), and the step takes
+`decode_step_ms` plus its prompt tokens over `prefill_tokens_per_s`. A request whose prefix the
+CPU tier holds first waits for its load, holding its blocks but not a `max_running` place (vLLM's
+WAITING_FOR_REMOTE_KVS). Transfers run one at a time per direction at `pcie_gbps`, from the step
+that submits them; their bytes move (with `--verify-data`) when they end.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ class EngineConfig:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name}={value!r} is invalid: expected an int >= 1")
+        if self.max_batched_tokens < self.max_running:
+            # vLLM refuses this too: every running request must be able to decode each step.
+            raise ValueError(
+                f"max_batched_tokens={self.max_batched_tokens} is less than "
+                f"max_running={self.max_running}: every running request decodes a token a step"
+            )
         for name in ("pcie_gbps", "prefill_tokens_per_s", "decode_step_ms"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -51,6 +59,11 @@ class EngineConfig:
     def blocks_needed(self, request: SimRequest, tokens_per_block: int) -> int:
         """GPU blocks the request holds at its end: KV exists for all but its last token."""
         return -(-(len(request.prompt) + len(request.output) - 1) // tokens_per_block)
+
+    def largest(self, requests: Sequence[SimRequest], tokens_per_block: int) -> tuple[int, str]:
+        """The most GPU blocks one of `requests` needs, and which request that is."""
+        req = max(requests, key=lambda r: self.blocks_needed(r, tokens_per_block))
+        return self.blocks_needed(req, tokens_per_block), req.request_id
 
 
 class DataCheck:
@@ -112,6 +125,11 @@ class _Sim:
         self.order = {rid: i for i, rid in enumerate(self.runs)}
         if len(self.order) != len(requests):
             raise ValueError("requests repeat a request_id")
+        unknown = sorted(set(self.children) - set(self.runs))
+        if unknown:
+            raise ValueError(f"requests follow unknown request ids: {unknown[:3]}")
+        self.computing = 0
+        """Running requests not waiting for a load: what `max_running` bounds."""
         self.waiting: deque[_Run] = deque()
         self.running: list[_Run] = []
         self.reserved = 0
@@ -161,8 +179,8 @@ class _Sim:
 
     def _arrive(self) -> None:
         while self.arrivals and self.arrivals[0][0] <= self.now:
-            _, _, run = heapq.heappop(self.arrivals)
-            run.eligible_at = self.now
+            arrival, _, run = heapq.heappop(self.arrivals)
+            run.eligible_at = arrival  # TTFT counts from here, not from when a step noticed it
             self._timed(
                 self.sched.add_request,
                 run.req.request_id,
@@ -173,7 +191,7 @@ class _Sim:
 
     def _admit(self) -> None:
         tpb, blocked = self.tpb, []
-        while self.waiting and len(self.running) < self.engine.max_running:
+        while self.waiting and self.computing < self.engine.max_running:
             run = self.waiting.popleft()
             n_prompt = len(run.req.prompt)
             # vLLM computes at least the prompt's last token.
@@ -206,9 +224,9 @@ class _Sim:
             load = self._timed(self.sched.on_allocated, run.req.request_id, run.blocks, ext)
             if load is None:
                 run.state = "prefill"
+                self.computing += 1
             else:
                 run.state = "loading"
-                self.data.load(load)
                 self._submit("load", load)
         self.waiting.extendleft(reversed(blocked))
 
@@ -284,6 +302,7 @@ class _Sim:
         for run, plan in zip(finished, plans, strict=True):
             run.state = "done"
             self.running.remove(run)
+            self.computing -= 1
             self.reserved -= run.reserved
             self._submit_stores(plan.store_jobs)
             if not plan.hold_blocks:
@@ -306,7 +325,6 @@ class _Sim:
         for job in jobs:
             n_prompt = len(self.runs[job.request_id].req.prompt)
             self.res.decode_chunks_written += int(((job.chunk_indices + 1) * tpc > n_prompt).sum())
-            self.data.store(job)
             self._submit("store", job)
 
     def _submit(self, kind: Literal["store", "load"], job: StoreJob | LoadJob) -> None:
@@ -320,14 +338,19 @@ class _Sim:
         while self.transfers and self.transfers[0][0] <= self.now:
             _, job_id, job, submitted = heapq.heappop(self.transfers)
             run = self.by_job.pop(job_id)
+            # The bytes move as the transfer ends, so a block reused before then shows up.
             if isinstance(job, LoadJob):
+                self.data.load(job)
                 self.res.load_wait_seconds += self.now - submitted
                 if self.verify:
                     self.res.mismatched_blocks += self.data.check_load(job, run.hashes)
                     self.res.verified_chunks += len(job.slots)
+            else:
+                self.data.store(job)
             result = self._timed(self.sched.complete_job, job_id, True)
             if isinstance(job, LoadJob):
                 run.state = "prefill"
+                self.computing += 1
                 self._cache_computed(run, loaded=True)
             if result.request_released:
                 self._release(run)
@@ -347,7 +370,7 @@ class _Sim:
         if self.ttfts:
             ttfts = sorted(self.ttfts)
             res.ttft_mean_s = sum(ttfts) / len(ttfts)
-            res.ttft_p90_s = ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))]
+            res.ttft_p90_s = ttfts[math.ceil(0.9 * len(ttfts)) - 1]  # nearest rank
         return res
 
 
@@ -362,12 +385,11 @@ def simulate(
 ) -> SimResult:
     """Replays `requests` through the engine model with a fresh scheduler and CPU tier of
     `config.cpu_bytes_to_use` bytes in chunks of `bytes_per_chunk` (see `OffloadConfig`)."""
-    for r in requests:
-        need = engine.blocks_needed(r, config.tokens_per_block)
+    if requests:
+        need, rid = engine.largest(requests, config.tokens_per_block)
         if need > engine.gpu_blocks:
             raise ValueError(
-                f"request {r.request_id!r} needs {need} GPU blocks "
-                f"({len(r.prompt)} prompt + {len(r.output)} output tokens) but gpu_blocks="
-                f"{engine.gpu_blocks}: it could never run"
+                f"gpu_blocks={engine.gpu_blocks} is too small: request {rid!r} needs {need} "
+                f"blocks of {config.tokens_per_block} tokens"
             )
     return _Sim(requests, engine, config, bytes_per_chunk, data, on_finish).run()

@@ -3,8 +3,9 @@ compared, one row per CPU-tier size in a sweep."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -174,3 +175,43 @@ def sweep_table(
                 ]
             )
     return _grid(rows, right_from=2)
+
+
+def title(workload: Mapping[str, Any], engine: Mapping[str, Any]) -> str:
+    """Two lines: the workload, and the engine model that ran it."""
+    if "trace" in workload:
+        what = f"trace {workload['trace']} ({workload['requests']} requests)"
+    else:
+        sizes = ", ".join(
+            f"{k.replace('_', ' ')} {v}" for k, v in workload.items() if k not in ("name", "seed")
+        )
+        what = f"{workload['name']}: {sizes}"
+    model = engine["model"] or f"{engine['kv_bytes_per_token']:,} KV bytes/token"
+    return (
+        f"{what}, seed {workload['seed']}\n"
+        f"{model}, {engine['tokens_per_block'] * engine['blocks_per_chunk']}-token chunks of "
+        f"{engine['bytes_per_chunk'] / 2**20:g} MiB, GPU cache {engine['gpu_blocks']:,} blocks, "
+        f"{engine['max_running']} running, {engine['max_batched_tokens']:,} tokens/step, PCIe "
+        f"{engine['pcie_gbps']:g} GB/s, prefill {engine['prefill_tokens_per_s']:,.0f} tok/s, "
+        f"decode step {engine['decode_step_ms']:g} ms"
+    )
+
+
+def header(
+    workload: Mapping[str, Any],
+    engine: Mapping[str, Any],
+    sizes: Sequence[float],
+    policies: Sequence[str],
+) -> str:
+    """The title and the CPU tier, then a blank line."""
+    tier = ", ".join(f"{s:g}" for s in sizes)
+    caps = [
+        f"{k} {engine[k]}"
+        for k in ("max_load_tokens", "max_offload_tokens")
+        if engine[k] is not None
+    ]
+    return (
+        f"{title(workload, engine)}\nCPU tier {tier} GiB ({'/'.join(policies)})"
+        + (f", {', '.join(caps)}" if caps else "")
+        + "\n"
+    )
