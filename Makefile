@@ -57,8 +57,10 @@ run: build-ext
 	$(VENV)/bin/kvoffload simulate --compare offload_prompt_only
 
 # The abi3 wheel benches/gpu_check.sh installs on a GPU host (no Rust there).
-wheel: $(VENV)/.deps
-	$(VENV)/bin/maturin build --release --out dist
+# Linked with zig against glibc 2.28 (manylinux_2_28), so it installs on older hosts than this one.
+wheel: $(VENV)/.base
+	$(PY) -m pip install -q 'ziglang>=0.11,<0.14'
+	$(VENV)/bin/maturin build --release --zig --compatibility manylinux_2_28 --out dist
 
 gpu-check: build
 	benches/gpu_check.sh

@@ -10,6 +10,7 @@ __all__ = [
     "KeyList",
     "KeyRange",
     "Store",
+    "_colliding_keys",
     "load_window",
     "loadable_tokens",
     "storable_chunks",
@@ -107,3 +108,4 @@ def load_window(
 def loadable_tokens(
     window: tuple[int, int, int], hits: int, num_local_tokens: int, tokens_per_chunk: int
 ) -> int: ...
+def _colliding_keys(n: int, bits: int = 12) -> list[bytes]: ...

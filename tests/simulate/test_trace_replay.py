@@ -194,6 +194,6 @@ def test_verify_data_catches_blocks_reused_while_a_store_is_in_flight(
     # takes A's freed blocks and computes into them; C then loads what A's stores copied.
     lines = [THREE[0], {**THREE[1], "arrival": 0.001}, {**THREE[2], "arrival": 1}]
     trace = write_trace(tmp_path / "t.jsonl", lines)
-    code, out, err = run_cli("--trace", trace, *ENGINE, "--pcie-gbps", "0.01", "--verify-data")
+    code, out, _ = run_cli("--trace", trace, *ENGINE, "--pcie-gbps", "0.01", "--verify-data")
     assert code == 1
     assert out["runs"][0]["result"]["mismatched_blocks"] > 0

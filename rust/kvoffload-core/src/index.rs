@@ -205,6 +205,7 @@ pub(crate) fn prefetch<T>(value: &T) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::OLD_PUBLIC_SEED;
     use proptest::prelude::*;
     use std::collections::HashMap;
 
@@ -250,26 +251,9 @@ mod tests {
             .unwrap_or(0)
     }
 
-    /// Keys crafted offline against a known seed (as the hash's seed once was public): their
-    /// hashes share the top 12 bits, so under that seed they all want a few home buckets.
-    fn crafted_keys(seed: u64, n: usize) -> Vec<[u8; 36]> {
-        let mut out = Vec::new();
-        let mut key = [0u8; 36];
-        for i in 0u64.. {
-            key[..8].copy_from_slice(&i.to_le_bytes());
-            if crate::key::hash_key_with_seed(&key, seed) >> 52 == 0x6b7 {
-                out.push(key);
-                if out.len() == n {
-                    break;
-                }
-            }
-        }
-        out
-    }
-
     #[test]
     fn crafted_keys_spread_like_random_ones_under_the_process_seed() {
-        let keys = crafted_keys(0x6b76_6f66_666c_6f61, 2_000);
+        let keys = crate::testing::colliding_keys(2_000, OLD_PUBLIC_SEED, 12);
         let fill = |hash: &dyn Fn(&[u8]) -> u64| {
             let mut index = Index::with_capacity(4_000, 0.7);
             for (id, k) in keys.iter().enumerate() {
@@ -278,7 +262,7 @@ mod tests {
             max_displacement(&index)
         };
         // Under the seed they were made for, they pile up in one run of buckets...
-        let attacked = fill(&|k| crate::key::hash_key_with_seed(k, 0x6b76_6f66_666c_6f61));
+        let attacked = fill(&|k| crate::key::hash_key_with_seed(k, OLD_PUBLIC_SEED));
         assert!(attacked > 1_000, "crafted keys should collide: {attacked}");
         // ...under the process's random seed they do not.
         let defended = fill(&crate::key::hash_key);

@@ -57,7 +57,10 @@ pub(crate) fn hash_key(key: &[u8]) -> u64 {
     hash_key_with_seed(key, seed())
 }
 
-/// `hash_key` under a given seed: what an attacker who knew the seed would compute.
+/// `hash_key` under a given seed: what an attacker who knew the seed would compute. The seed of
+/// earlier versions (fixed, public) was `OLD_PUBLIC_SEED`.
+pub const OLD_PUBLIC_SEED: u64 = 0x6b76_6f66_666c_6f61;
+
 pub(crate) fn hash_key_with_seed(key: &[u8], seed: u64) -> u64 {
     foldhash::fast::FixedState::with_seed(seed).hash_one(key)
 }

@@ -12,13 +12,15 @@ mod keybuf;
 mod list;
 mod policy;
 mod store;
+#[doc(hidden)]
+pub mod testing;
 
 pub use chunk::{
     load_window, loadable_tokens, storable_chunks, LoadWindow, StoreBounds, GROUP_SUFFIX_LEN,
 };
 pub use error::{Error, Result};
 pub use events::{Event, EventKind};
-pub use key::{validate_keys, MAX_KEY_LEN};
+pub use key::{validate_keys, MAX_KEY_LEN, OLD_PUBLIC_SEED};
 pub use keybuf::KeyBuf;
 pub use policy::{PolicyKind, Rank, POLICY_NAMES};
 pub use store::{KeyStatus, Positions, RankedBatch, Stats, Store, StorePlan, MAX_SLOTS};

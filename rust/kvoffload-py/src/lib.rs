@@ -5,7 +5,25 @@ mod errors;
 mod keys;
 mod store;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+/// Benchmark input: `n` keys crafted to collide under the hash seed of kvoffload < 0.2 (public);
+/// see `kvoffload_core::testing::colliding_keys`.
+#[pyfunction]
+#[pyo3(name = "_colliding_keys", signature = (n, bits = 12))]
+fn colliding_keys(py: Python<'_>, n: usize, bits: u32) -> PyResult<Bound<'_, PyList>> {
+    if !(1..=16).contains(&bits) || n > 1 << 20 {
+        return Err(PyValueError::new_err(format!(
+            "n={n}, bits={bits} are invalid; allowed: n <= 1048576, bits in 1..=16"
+        )));
+    }
+    let keys = py.detach(|| {
+        kvoffload_core::testing::colliding_keys(n, kvoffload_core::OLD_PUBLIC_SEED, bits)
+    });
+    keys::bytes_list(py, keys.iter())
+}
 
 // Not free-threading safe yet: `list_bytes` borrows list items that only the GIL keeps alive.
 #[pymodule(gil_used = true)]
@@ -17,6 +35,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(chunk::storable_chunks, m)?)?;
     m.add_function(wrap_pyfunction!(chunk::load_window, m)?)?;
     m.add_function(wrap_pyfunction!(chunk::loadable_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(colliding_keys, m)?)?;
     m.add("KVOffloadError", py.get_type::<errors::KVOffloadError>())?;
     m.add(
         "InvalidStateError",
