@@ -683,3 +683,21 @@ def test_prepare_store_hands_back_the_callers_key_objects():
     keys = [bytes([i]) * 36 for i in range(3)]
     plan = CpuStore(4).prepare_store(keys)
     assert all(a is b for a, b in zip(plan.keys, keys, strict=True))
+
+
+def test_huge_pools_cost_nothing_until_used():
+    # These aborted the process ("memory allocation failed") or took tens of seconds before.
+    store = CpuStore(2**31, "arc")
+    assert store.num_slots == 2**31
+    store.complete_store(store.prepare_store([b"a", b"b"]).keys)
+    assert store.stats().used_slots == 2
+    with pytest.raises(ValueError, match=r"num_slots=2147483649 is invalid"):
+        CpuStore(2**31 + 1)
+
+
+def test_a_petabyte_tier_is_configured_at_once():
+    from kvoffload.scheduler import OffloadConfig, OffloadScheduler
+
+    config = OffloadConfig.from_dict({"tokens_per_block": 16, "cpu_bytes_to_use": 10**15})
+    sched = OffloadScheduler.create(config, bytes_per_chunk=2 << 20)
+    assert sched.store.num_slots == 10**15 // (2 << 20)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import threading
 
-from kvoffload import CpuStore, InvalidStateError, KeyStatus
+from kvoffload import CpuStore, InvalidStateError, KeyList, KeyStatus
 
 THREADS = 8
 STEPS = 300
@@ -161,3 +161,24 @@ def test_pinned_keys_survive_concurrent_churn():
     store.complete_load(hot + hot)
     st = store.stats()
     assert (st.pinned, st.pending, st.ready) == (0, 0, 16)
+
+
+def test_concurrent_extends_of_one_key_list_append_each_chunk_once():
+    # Each extender reads the length, makes the new keys without the lock, then appends under
+    # it: one that lost the race must skip what the other appended, not append it again.
+    hashes = [i.to_bytes(32, "big") for i in range(400)]
+    for _ in range(20):
+        keys = KeyList()
+        barrier = threading.Barrier(4)
+
+        def extend(keys: KeyList = keys, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            for end in range(2, 401, 2):
+                keys.extend_chunk_keys(hashes[:end], 2)
+
+        threads = [threading.Thread(target=extend) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert list(keys) == [h + b"\0\0\0\0" for h in hashes[1::2]]
