@@ -92,13 +92,15 @@ def test_full_tier_refuses_and_offers_same_chunks_again():
     assert plan.store_jobs == []
     assert sched.stats().store_refusals == 1
     refused = store.offered[-1]
-    # Completing the stores makes chunks 0/1 evictable; chunk 2 is offered again.
+    # The request (3 chunks) is longer than the tier (2 slots), so it offers all its chunks and
+    # the same ones again. Completed, 0 and 1 are its own head: protected, not evicted for 2.
     for job_id in sched.jobs_in_flight:
         sched.complete_job(job_id, True)
     plan = sched.plan_step([RequestUpdate("a", 36, 37, (), hashes)])
     assert store.offered[-1] == refused
-    assert [list(j.chunk_indices) for j in plan.store_jobs] == [[2]]
-    assert [int(b) % 1000 for b in plan.store_jobs[0].gpu_block_ids] == [6, 7, 8]
+    assert plan.store_jobs == []
+    assert sched.stats().store_refusals == 2
+    assert store.stats().ready == 2 and store.stats().evictions == 0
 
 
 def test_an_offer_bigger_than_the_tier_stores_its_head():
@@ -120,3 +122,25 @@ def test_an_offer_bigger_than_the_tier_stores_its_head():
     sched.add_request("b", 96)
     assert sched.lookup("b", 0, 96, hashes) == 64
     assert sched.stats().store_refusals == 0
+
+
+def test_a_request_longer_than_the_tier_keeps_its_stored_head():
+    # 4 slots. The prompt is computed in two pieces: 3 chunks, then 5 more. The second offer
+    # (chunks 3..7) can never fit with the head (0..2) resident, so the request offers all 8:
+    # the head is protected and only chunk 3 fits; nothing of the head is evicted.
+    sched = OffloadScheduler.create(OffloadConfig(16, 1, 4 * 1024), bytes_per_chunk=1024)
+    hashes = [bytes([i]) * 32 for i in range(8)]
+    sched.add_request("a", 128)
+    assert sched.lookup("a", 0, 128, hashes) == 0
+    sched.on_allocated("a", list(range(8)))
+    (job,) = sched.plan_step([RequestUpdate("a", 48, 48, (), hashes)]).store_jobs
+    assert job.chunk_indices.tolist() == [0, 1, 2]
+    sched.complete_job(job.job_id, True)
+    (job,) = sched.plan_step([RequestUpdate("a", 128, 128, (), hashes)]).store_jobs
+    assert job.chunk_indices.tolist() == [3]
+    assert job.gpu_block_ids.tolist() == [3]
+    sched.complete_job(job.job_id, True)
+    sched.finish_request("a")
+    assert sched.store.stats().evictions == 0
+    sched.add_request("b", 128)
+    assert sched.lookup("b", 0, 128, hashes) == 64

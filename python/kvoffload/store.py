@@ -245,7 +245,8 @@ class CpuStore:
         return self._inner.recency_order()
 
     def check_invariants(self) -> None:
-        """Verifies the store's internal consistency (O(num_slots)); for tests and debugging."""
+        """Verifies the store's internal consistency (O(slots used)) and raises `KVOffloadError`
+        naming the first broken invariant; for tests and debugging."""
         self._inner.check_invariants()
 
     def __repr__(self) -> str:

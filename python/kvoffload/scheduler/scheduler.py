@@ -488,13 +488,14 @@ class OffloadScheduler:
         start = req.stored_chunks
         if n <= start:
             return None
+        # A request longer than the whole tier offers all its chunks: the ones stored already
+        # are then protected, and a partial store keeps the head (what later requests can hit)
+        # instead of evicting it for the tail; the rest is given up, not offered again.
+        first = 0 if n > self.store.num_slots else start
         # Built before the store changes anything, so nothing below can fail half-way.
-        chunks = np.asarray(req.block_ids[start * bpc : n * bpc], dtype=np.int64).reshape(-1, bpc)
-        # An offer bigger than the whole tier stores its head (what later requests can hit)
-        # instead of being refused every step; the rest of it is given up, since offering it
-        # again could only evict that head.
+        chunks = np.asarray(req.block_ids[first * bpc : n * bpc], dtype=np.int64).reshape(-1, bpc)
         plan = self.store.prepare_store(
-            req.keys.view(start, n), rank=self._rank(req), first_position=start, partial=True
+            req.keys.view(first, n), rank=self._rank(req), first_position=first, partial=True
         )
         if plan is None:
             # The frontier stays: the same chunks are offered again next step.
@@ -507,7 +508,7 @@ class OffloadScheduler:
         assert isinstance(plan.keys, KeyList)
         job_id = self._track("store", req, plan.keys, src)
         self._stats.store_jobs += 1
-        return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, plan.indices + start)
+        return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, plan.indices + first)
 
     def _jobs_touching(self, realloc: IntArray) -> list[int]:
         if not self._jobs or not realloc.size:

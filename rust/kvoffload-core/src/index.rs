@@ -1,9 +1,11 @@
 //! `Index`: a hash → `u32` id map with open addressing, linear probing and backward-shift deletion.
 //!
-//! A bucket packs the top 32 bits of the hash (which also pick the home bucket) with the id, so a
-//! probe reads 8 bytes and asks the caller to compare keys only when those 32 bits match. There
-//! are no tombstones, so the table never rehashes: its capacity is fixed at construction, which
-//! the store knows (one id per slot). Batches prefetch the buckets they are about to probe.
+//! A bucket packs the top 32 bits of the hash (its tag, which also picks the home bucket:
+//! `tag * len / 2^32`, an equal share of tags per bucket) with the id, so a probe reads 8 bytes
+//! and asks the caller to compare keys only when the tags match. There are no tombstones, so
+//! deletions never call for a rehash; the table grows (a rehash from the tags alone) only as the
+//! caller reserves room, up to a limit fixed at construction (for the store: its slots). Batches
+//! prefetch the buckets they are about to probe.
 
 const EMPTY: u64 = 0;
 /// `home` multiplies a 32-bit tag by the table length in 64 bits.
@@ -54,11 +56,22 @@ impl Index {
         }
     }
 
-    /// A table sized for `capacity` ids at once (a batch's own keys).
+    /// A table sized for `capacity` ids at once (a batch's own keys); `None` when memory
+    /// refuses.
+    pub(crate) fn try_with_capacity(capacity: usize, max_load: f64) -> Option<Self> {
+        let buckets = try_buckets(capacity, max_load)?;
+        Some(Index {
+            buckets,
+            len: 0,
+            capacity,
+            limit: capacity,
+            max_load,
+        })
+    }
+
+    #[cfg(test)]
     pub(crate) fn with_capacity(capacity: usize, max_load: f64) -> Self {
-        let mut index = Index::new(capacity, max_load);
-        assert!(index.reserve(capacity), "a batch-sized index fits");
-        index
+        Self::try_with_capacity(capacity, max_load).expect("a test-sized index fits")
     }
 
     /// Makes room for `additional` more ids (within the limit), growing by at least half;

@@ -45,16 +45,17 @@ pub fn validate_keys<K: AsRef<[u8]>>(keys: &[K]) -> Result<()> {
     Ok(())
 }
 
-/// The process's hash seed: random, so keys crafted offline to collide (users' prompts shape the
-/// block hashes keys are made of) collide no more than random keys. Every store of the process
-/// shares it, so a key hashes alike everywhere (ARC's ghost fingerprints are hashes).
-fn seed() -> u64 {
-    static SEED: OnceLock<u64> = OnceLock::new();
-    *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0x6b76_u64))
+/// The process's hasher: random seeds (the per-hasher seed and the shared ones foldhash mixes
+/// the key with), so keys crafted offline to collide (users' prompts shape the block hashes keys
+/// are made of) collide no more than random keys. Every store of the process shares it, so a key
+/// hashes alike everywhere (ARC's ghost fingerprints are hashes).
+fn hasher() -> &'static foldhash::fast::SeedableRandomState {
+    static HASHER: OnceLock<foldhash::fast::SeedableRandomState> = OnceLock::new();
+    HASHER.get_or_init(foldhash::fast::SeedableRandomState::random)
 }
 
 pub(crate) fn hash_key(key: &[u8]) -> u64 {
-    hash_key_with_seed(key, seed())
+    hasher().hash_one(key)
 }
 
 /// `hash_key` under a given seed: what an attacker who knew the seed would compute. The seed of
@@ -63,4 +64,38 @@ pub const OLD_PUBLIC_SEED: u64 = 0x6b76_6f66_666c_6f61;
 
 pub(crate) fn hash_key_with_seed(key: &[u8], seed: u64) -> u64 {
     foldhash::fast::FixedState::with_seed(seed).hash_one(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys built to zero foldhash's folded multiply against its public shared seeds: under a
+    /// per-hasher seed alone (what `FixedState::with_seed` randomises) they all hash alike,
+    /// whatever that seed is. The process hasher randomises the shared seeds too.
+    #[test]
+    fn seed_independent_collisions_do_not_collide() {
+        let magic = 0xc0ac_29b7_c97c_50dd_u64.to_le_bytes();
+        let keys: Vec<[u8; 36]> = (0u32..200)
+            .map(|i| {
+                let mut k = [0u8; 36];
+                k[..4].copy_from_slice(&i.to_le_bytes());
+                k[20..28].copy_from_slice(&magic);
+                k[28..36].copy_from_slice(&magic);
+                k
+            })
+            .collect();
+        let distinct = |hash: &dyn Fn(&[u8]) -> u64| {
+            let mut h: Vec<u64> = keys.iter().map(|k| hash(k)).collect();
+            h.sort_unstable();
+            h.dedup();
+            h.len()
+        };
+        assert_eq!(
+            distinct(&|k| hash_key_with_seed(k, 12345)),
+            1,
+            "the crafted keys"
+        );
+        assert_eq!(distinct(&hash_key), keys.len());
+    }
 }

@@ -116,9 +116,6 @@ impl KeyBuf {
         out
     }
 
-    /// Appends chunk keys for `new_hashes`: a request's block hashes from the first block of the
-    /// first chunk this buffer lacks (`self.len() * blocks_per_chunk`) on. Only complete chunks
-    /// get a key. Returns how many were added; on error nothing is.
     /// The chunk keys `extend_chunk_keys` would append for `block_hashes` starting at the
     /// request's block `first_block`, as a buffer of their own (errors name block indices from
     /// `first_block`).
@@ -146,6 +143,9 @@ impl KeyBuf {
         }
     }
 
+    /// Appends chunk keys for `new_hashes`: a request's block hashes from the first block of the
+    /// first chunk this buffer lacks (`self.len() * blocks_per_chunk`) on. Only complete chunks
+    /// get a key. Returns how many were added; on error nothing is.
     pub fn extend_chunk_keys<H: AsRef<[u8]>>(
         &mut self,
         new_hashes: &[H],

@@ -168,6 +168,9 @@ impl Policy {
         for &fp in fingerprints {
             if let Some(found) = g.find(fp) {
                 let list = g.nodes[found as usize].list();
+                if lens[list] == 0 {
+                    continue; // a fingerprint twice in one call: its ghost counts once
+                }
                 out.target_t1 = g.adapted(out.target_t1, list, lens);
                 out.b2_hit |= list == 1;
                 lens[list] -= 1;
@@ -330,21 +333,21 @@ impl Policy {
         }
     }
 
-    /// Room for a call that inserts or evicts up to `keys` keys; false when memory refuses.
+    /// Room for a call that evicts up to `keys` keys (ARC's ghosts); false when memory refuses.
+    /// LRU's heap is left to grow with its pushes: it holds at most about two entries of 16 bytes
+    /// per live key, and reserving ahead of them would hold spare capacity in small stores.
     pub(crate) fn reserve(&mut self, keys: usize) -> bool {
-        if let Some(r) = &mut self.ranked {
-            if r.heap.try_reserve(keys).is_err() {
-                return false;
-            }
-        }
         self.ghosts.as_mut().map_or(true, |g| g.reserve(keys))
     }
 
-    /// What is wrong with the ghost lists, if anything (for `check_invariants`).
+    /// What is wrong with ARC's lists, if anything (for `check_invariants`): its bounds.
     pub(crate) fn ghost_problem(&self) -> Option<String> {
         let g = self.ghosts.as_ref()?;
-        let count = g.lists[0].len + g.lists[1].len;
-        (count > g.capacity).then(|| format!("{count} ghosts exceed the capacity {}", g.capacity))
+        let (t1, t2) = (u64::from(self.lists[0].len), u64::from(self.lists[1].len));
+        let (b1, b2) = (u64::from(g.lists[0].len), u64::from(g.lists[1].len));
+        let c = u64::from(g.capacity);
+        let broken = b1 + b2 > c || t1 + b1 > c || t1 + t2 + b1 + b2 > 2 * c;
+        broken.then(|| format!("ARC bounds broken: |T1|={t1} |T2|={t2} |B1|={b1} |B2|={b2}, c={c}"))
     }
 
     pub(crate) fn target_t1(&self) -> f64 {
@@ -555,10 +558,12 @@ impl Ghosts {
     /// left the cache below c).
     fn trim(&mut self, t: [u32; 2]) {
         let c = self.capacity;
-        while self.lists[0].len > 0 && t[0] + self.lists[0].len > c {
+        let (t1, t2) = (u64::from(t[0]), u64::from(t[1]));
+        let b = |g: &Ghosts, l: usize| u64::from(g.lists[l].len);
+        while self.lists[0].len > 0 && t1 + b(self, 0) > u64::from(c) {
             self.drop_ghost(self.lists[0].head);
         }
-        while self.lists[1].len > 0 && t[0] + t[1] + self.lists[0].len + self.lists[1].len > 2 * c {
+        while self.lists[1].len > 0 && t1 + t2 + b(self, 0) + b(self, 1) > 2 * u64::from(c) {
             self.drop_ghost(self.lists[1].head);
         }
         while self.lists[0].len + self.lists[1].len > c {

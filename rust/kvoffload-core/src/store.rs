@@ -249,12 +249,11 @@ impl Store {
             what,
             bytes: items.saturating_mul(size),
         };
-        self.entries
-            .try_reserve(fresh)
-            .map_err(|_| oom("slot entries", fresh, core::mem::size_of::<Entry>()))?;
         let slots = self.entries.len() + fresh;
-        self.free
-            .try_reserve(slots - self.free.len())
+        let entry = core::mem::size_of::<Entry>();
+        grow(&mut self.entries, slots, self.num_slots as usize)
+            .map_err(|_| oom("slot entries", slots, entry))?;
+        grow(&mut self.free, slots, self.num_slots as usize)
             .map_err(|_| oom("the free-slot list", slots, 4))?;
         let indexed = keys.min(self.num_slots as usize - self.index.len());
         if !self.index.reserve(indexed) {
@@ -414,31 +413,32 @@ impl Store {
     ) -> Result<Option<StorePlan>> {
         validate_keys(keys)?;
         RankedBatch::check(batch, keys.len())?;
-        self.reserve(keys.len())?;
-        let mut found = Vec::with_capacity(keys.len());
+        let oom = |what| Error::OutOfMemory {
+            what,
+            bytes: keys.len().saturating_mul(32),
+        };
+        let mut found: Vec<(u64, Option<u32>)> = Vec::new();
+        found
+            .try_reserve_exact(keys.len())
+            .map_err(|_| oom("the batch's lookups"))?;
         self.scan(keys, |_, hash, slot| {
             found.push((hash, slot));
             true
         });
-        let mut new: Vec<(u32, u64)> = Vec::with_capacity(keys.len());
-        let mut seen = Index::with_capacity(keys.len(), 0.5);
-        let mut protected: Vec<u32> = Vec::new();
-        let mut protected_unpinned = 0u64;
+        // First pass, changing nothing: the new keys (each once), the resident ones.
+        let mut new: Vec<(u32, u64)> = Vec::new();
+        new.try_reserve_exact(keys.len())
+            .map_err(|_| oom("the batch's new keys"))?;
+        let mut seen =
+            Index::try_with_capacity(keys.len(), 0.5).ok_or_else(|| oom("the batch's index"))?;
+        let mut resident: Vec<(usize, u32)> = Vec::new();
         let mut blocked_by_reset = false;
-        for (i, (hash, slot)) in found.into_iter().enumerate() {
+        for (i, &(hash, slot)) in found.iter().enumerate() {
             if let Some(slot) = slot {
-                let e = &mut self.entries[slot as usize];
                 // Dropped by `reset` but still pending or pinned: it answers absent, yet cannot be
                 // stored again until released. Refusing keeps the caller's frontier before it.
-                blocked_by_reset |= !e.live();
-                if e.state == State::Ready && e.flags == 0 {
-                    e.flags |= PROTECTED;
-                    protected.push(slot);
-                    protected_unpinned += u64::from(e.pins == 0);
-                    if let Some(rank) = RankedBatch::rank_at(batch, i) {
-                        self.policy.raise(&mut self.entries, slot, rank);
-                    }
-                }
+                blocked_by_reset |= !self.entries[slot as usize].live();
+                resident.push((i, slot));
                 continue;
             }
             let key = keys[i].as_ref();
@@ -450,8 +450,27 @@ impl Store {
                 new.push((i as u32, hash));
             }
         }
+        self.reserve(new.len())?;
+        // Ready keys of the offer are protected from its evictions, and moved up to its rank.
+        let mut protected: Vec<u32> = Vec::new();
+        let mut protected_unpinned = 0u64;
+        for &(i, slot) in &resident {
+            let e = &mut self.entries[slot as usize];
+            if e.state == State::Ready && e.flags == 0 {
+                e.flags |= PROTECTED;
+                protected.push(slot);
+                protected_unpinned += u64::from(e.pins == 0);
+                if let Some(rank) = RankedBatch::rank_at(batch, i) {
+                    self.policy.raise(&mut self.entries, slot, rank);
+                }
+            }
+        }
         let mut nothing_fits = false;
-        if partial && new.len() + protected.len() > self.num_slots as usize {
+        let live_resident = resident
+            .iter()
+            .filter(|&&(_, s)| self.entries[s as usize].live())
+            .count();
+        if partial && new.len() + live_resident > self.num_slots as usize {
             // Room now: the free slots and every unpinned ready key not offered here.
             let evictable = self.stats.ready - self.stats.pinned - protected_unpinned;
             new.truncate(self.free_slots() + evictable as usize);
@@ -911,6 +930,16 @@ impl Store {
             })
             .collect()
     }
+}
+
+/// Makes `v`'s capacity at least `want`, doubling but never past `limit` (the pool's slots), so
+/// a full store holds no spare capacity.
+fn grow<T>(v: &mut Vec<T>, want: usize, limit: usize) -> core::result::Result<(), ()> {
+    if want <= v.capacity() {
+        return Ok(());
+    }
+    let target = want.max(2 * v.capacity()).min(limit).max(want);
+    v.try_reserve_exact(target - v.len()).map_err(|_| ())
 }
 
 #[cfg(test)]

@@ -106,7 +106,7 @@ impl Store {
         else {
             return Ok(None);
         };
-        let answer = (|| {
+        let answer = (|| -> PyResult<_> {
             Ok((
                 arg.select(py, &plan.indices)?,
                 int64_bytes(py, &plan.indices)?,
@@ -114,13 +114,17 @@ impl Store {
                 bytes_list(py, plan.evicted.iter())?,
             ))
         })();
-        if answer.is_err() {
+        if let Err(err) = answer {
             // Out of memory for the answer: the caller will never complete these stores, so
             // undo them (as failed) rather than leave the keys pending forever.
-            self.with_keys(py, &arg, |s, k| {
+            let undone = self.with_keys(py, &arg, |s, k| {
                 let new: Vec<&[u8]> = plan.indices.iter().map(|&i| k[i as usize]).collect();
                 s.complete_store(&new, false)
-            })?;
+            });
+            if let Err(undo_err) = undone {
+                err.set_cause(py, Some(undo_err));
+            }
+            return Err(err);
         }
         answer.map(Some)
     }
