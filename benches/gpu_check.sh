@@ -9,6 +9,10 @@
 # temporary folder put on PYTHONPATH, for $PYTHON (default python3). Without a wheel the
 # checkout's .venv is used (`make build` installs the package there).
 # When $OUT is set, the test log and the table are also written there.
+#
+# Every stage runs under `timeout` (the whole script stays under 5 minutes): install 60 s, the
+# gpu tests 120 s, the ordering tests again under TORCH_CUDA_SANITIZER=1 60 s, the table 90 s.
+# A stage that times out reports exit code 124 and the next stage still runs.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,7 +29,7 @@ if [[ -n $wheel ]]; then
     py=${PYTHON:-python3}
     site=$(mktemp -d)
     trap 'rm -rf "$site"' EXIT
-    "$py" -m pip install --quiet --no-deps --no-index --disable-pip-version-check \
+    timeout 60 "$py" -m pip install --quiet --no-deps --no-index --disable-pip-version-check \
         --target "$site" "$wheel"
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     echo "kvoffload from $wheel"
@@ -38,7 +42,7 @@ else
     exit 2
 fi
 
-"$py" - <<'PY'
+timeout 30 "$py" - <<'PY'
 import sys
 
 import torch
@@ -56,12 +60,17 @@ out=${OUT:-}
 status=0
 if "$py" -c "import pytest" 2>/dev/null; then
     # -p no:cacheprovider: the checkout may be read-only.
-    "$py" -m pytest "$root/tests/transfer" -m gpu -q -p no:cacheprovider --rootdir "$root" \
-        2>&1 | tee ${out:+"$out/gpu_tests.txt"} || status=$?
+    timeout 120 "$py" -m pytest "$root/tests/transfer" -m gpu -q -p no:cacheprovider \
+        --rootdir "$root" 2>&1 | tee ${out:+"$out/gpu_tests.txt"} || status=$?
+    # The stream-ordering tests again under PyTorch's CUDA sanitizer, which reports any access
+    # of a tensor from two streams without an ordering between them.
+    TORCH_CUDA_SANITIZER=1 timeout 60 "$py" -m pytest "$root/tests/transfer" -m gpu -q \
+        -p no:cacheprovider --rootdir "$root" -k "waits or in_flight" \
+        2>&1 | tee ${out:+"$out/gpu_sanitizer.txt"} || status=$?
 else
     echo "gpu_check: pytest is not installed for $py; the GPU tests did not run" >&2
     status=3
 fi
 
-"$py" -m kvoffload.transfer.bandwidth ${out:+--out "$out"}
+timeout 90 "$py" -m kvoffload.transfer.bandwidth ${out:+--out "$out"} || status=$?
 exit "$status"

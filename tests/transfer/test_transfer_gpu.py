@@ -4,7 +4,7 @@ stream. Run by benches/gpu_check.sh on a GPU host."""
 import pytest
 import torch
 
-from kvoffload.transfer import COPY_PATHS
+from kvoffload.transfer import COPY_PATHS, KVCacheLayout
 
 pytestmark = [
     pytest.mark.gpu,
@@ -129,3 +129,68 @@ def test_failed_job_is_reported_after_its_copies_and_others_succeed(make_cache, 
     assert [(r.job_id, r.success) for r in engine.get_finished()] == [(4, True)]
     for s, d in zip([0, 1, 4, 5], [10, 11, 14, 15], strict=True):
         assert torch.equal(cache.block(d), stored[s])
+
+
+def test_a_load_waits_for_a_delayed_compute_kernel(make_cache):
+    cache = make_cache("cross_layer", device="cuda")
+    engine = cache.engine(num_slots=4, blocks_per_chunk=1)
+    engine.submit_store(1, [0], [0])
+    engine.wait([1])
+    stored = cache.block(0)
+    engine.get_finished()
+
+    torch.cuda._sleep(SLEEP_CYCLES)  # the forward pass still reading block 5
+    engine.submit_load(2, [0], [5])
+    assert engine.get_finished() == []  # cannot have finished before the kernel
+    engine.wait([2])
+    assert [r.success for r in engine.get_finished()] == [True]
+    assert torch.equal(cache.block(5), stored)
+
+
+def test_a_pool_pinned_in_several_pieces_round_trips(make_cache):
+    cache = make_cache("per_layer", device="cuda")
+    chunk = KVCacheLayout(cache.kv_caches, block_dim=cache.block_dim).chunk_bytes(2)
+    engine = cache.engine(num_slots=8, blocks_per_chunk=2, pin_piece_bytes=3 * chunk)
+    assert engine.pool.num_pieces == 3 and engine.pool.buffer.is_pinned()
+    stored = cache.blocks(range(16))
+    engine.submit_store(1, list(range(16)), [2, 3, 4, 5, 6, 7, 0, 1])  # across both piece ends
+    engine.wait([1])
+    cache.randomize()
+    engine.submit_load(2, [2, 3, 4, 5, 6, 7, 0, 1], list(range(16)))
+    engine.wait([2])
+    assert [r.success for r in engine.get_finished()] == [True, True]
+    for b in range(16):
+        assert torch.equal(cache.block(b), stored[b]), b
+
+
+@pytest.mark.parametrize("path", COPY_PATHS)
+def test_fp8_caches_round_trip(make_cache, path):
+    cache = make_cache("per_layer", device="cuda", dtype=torch.float8_e4m3fn)
+    engine = cache.engine(num_slots=4, blocks_per_chunk=2, copy_path=path)
+    stored = cache.blocks([0, 1, 2, 3])
+    engine.submit_store(1, [0, 1, 2, 3], [3, 1])
+    engine.wait([1])
+    engine.submit_load(2, [3, 1], [8, 9, 10, 11])
+    engine.wait([2])
+    assert [r.success for r in engine.get_finished()] == [True, True]
+    for s, d in zip([0, 1, 2, 3], [8, 9, 10, 11], strict=True):
+        assert torch.equal(cache.block(d), stored[s])
+
+
+def test_stores_and_loads_in_flight_at_once(make_cache):
+    cache = make_cache("per_layer", device="cuda")
+    engine = cache.engine(num_slots=8, blocks_per_chunk=2)
+    engine.submit_store(1, [0, 1, 2, 3], [0, 1])
+    engine.wait([1])
+    first = cache.blocks([0, 1, 2, 3])
+    second = cache.blocks([4, 5, 6, 7])
+    # A store of blocks 4..7 and a load into 12..15 run on their two streams together.
+    engine.submit_store(2, [4, 5, 6, 7], [2, 3])
+    engine.submit_load(3, [0, 1], [12, 13, 14, 15])
+    engine.wait([2, 3])
+    engine.submit_load(4, [2, 3], [16, 17, 18, 19])
+    engine.wait([4])
+    assert [r.success for r in engine.get_finished()] == [True, True, True, True]
+    for j in range(4):
+        assert torch.equal(cache.block(12 + j), first[j])
+        assert torch.equal(cache.block(16 + j), second[4 + j])

@@ -10,6 +10,7 @@ import torch
 
 from kvoffload.errors import KVOffloadError
 from kvoffload.transfer import MAX_PIECE_BYTES, CpuPool, KVCacheLayout, TransferEngine
+from kvoffload.transfer import pool as pool_module
 from kvoffload.transfer.plan import Geometry, Run, plan_copies
 
 
@@ -216,11 +217,54 @@ def test_pool_pins_each_piece_once_and_unpins_on_close(fake_cudart, caplog):
     assert fake.unregistered == [base, base + stride, base + 2 * stride]
 
 
-def test_pool_pin_failure_unpins_the_pieces_already_pinned(fake_cudart):
+def test_pool_pin_failure_unpins_the_pieces_already_pinned(fake_cudart, monkeypatch):
+    cleared = []
+    monkeypatch.setattr(pool_module, "_clear_last_cuda_error", lambda: cleared.append(1))
     fake = fake_cudart(fail_at=1)
     with pytest.raises(KVOffloadError, match=r"\(piece 1 of 3\) failed: out of memory"):
         CpuPool(10, 3000, pin_device=torch.device("cuda", 0), piece_bytes=4 * 3000)
     assert fake.unregistered == [fake.registered[0][0]]
+    # The failed call's error is cleared, so no later kernel launch reports it as its own.
+    assert cleared == [1]
+
+
+def test_a_failed_unpin_is_logged_and_cleared(fake_cudart, monkeypatch, caplog):
+    cleared = []
+    monkeypatch.setattr(pool_module, "_clear_last_cuda_error", lambda: cleared.append(1))
+    fake = fake_cudart()
+    fake.cudaHostUnregister = lambda ptr: 1
+    pool = CpuPool(2, 3000, pin_device=torch.device("cuda", 0))
+    with caplog.at_level(logging.WARNING, "kvoffload.transfer.pool"):
+        pool.close()
+    assert "cudaHostUnregister of the CPU pool at 0x" in caplog.text
+    assert cleared == [1]
+
+
+def test_the_pool_tensor_starts_where_its_memory_does():
+    # torch asks whether a tensor is pinned about its storage's base address: that must be
+    # the registered range's start, not a page before it.
+    pool = CpuPool(3, 5000)
+    assert pool.buffer.untyped_storage().data_ptr() == pool.buffer.data_ptr()
+    assert pool.buffer.data_ptr() % mmap.PAGESIZE == 0
+    pool.close()
+
+
+@pytest.mark.parametrize("made_in_inference_mode", [True, False])
+def test_the_engine_works_inside_and_outside_inference_mode(make_cache, made_in_inference_mode):
+    # vLLM's workers build their caches (and so the engine) under torch.inference_mode().
+    outside, inside = contextlib.nullcontext(), torch.inference_mode()
+    make_ctx, use_ctx = (inside, outside) if made_in_inference_mode else (outside, inside)
+    with make_ctx:
+        cache = make_cache("per_layer")
+        engine = cache.engine(num_slots=4, blocks_per_chunk=2, copy_path="batched")
+    stored = cache.blocks([0, 1, 2, 3])
+    with use_ctx:
+        engine.submit_store(1, [0, 1, 2, 3], [2, 0])
+        engine.submit_load(2, [2, 0], [5, 6, 7, 8])
+    assert [r.success for r in engine.get_finished()] == [True, True]
+    for s, d in zip([0, 1, 2, 3], [5, 6, 7, 8], strict=True):
+        assert torch.equal(cache.block(d), stored[s])
+    engine.close()
 
 
 @pytest.mark.parametrize("path", ["direct", "batched"])

@@ -79,7 +79,8 @@ class TransferEngine:
     `copy_path` (fixed at construction) picks how copies are issued, see `COPY_PATHS`.
     `staging_bytes` bounds each direction's GPU staging buffer for the batched path (it holds at
     least one chunk); `pin_piece_bytes` is the size of the pieces the pool is pinned in. The engine
-    is not thread-safe: call it from one thread.
+    is not thread-safe: call it from one thread. Copies run under `torch.inference_mode()`, so an
+    engine made inside it (as vLLM's workers make their caches) works outside it, and the reverse.
     """
 
     def __init__(
@@ -281,7 +282,8 @@ class TransferEngine:
         if d.stream is None:
             started = time.perf_counter()
             try:
-                self._execute(plan, d)
+                with torch.inference_mode():
+                    self._execute(plan, d)
             except Exception:
                 self._fail(job, d)
             job.seconds = time.perf_counter() - started
@@ -294,7 +296,7 @@ class TransferEngine:
             try:
                 d.stream.wait_stream(compute)
                 job.start.record(d.stream)
-                with torch.cuda.stream(d.stream):
+                with torch.cuda.stream(d.stream), torch.inference_mode():
                     self._execute(plan, d)
             except Exception:
                 self._fail(job, d)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import time
 import weakref
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,9 +24,11 @@ MAX_PIECE_BYTES = 64 << 30
 class CpuPool:
     """`num_slots` slots of `slot_bytes` each; every slot is one contiguous range of bytes.
 
-    The buffer is allocated at exactly the size needed (not rounded up to a power of two as
-    `pin_memory=True` allocations are) and, when `pin_device` is a CUDA device, page-locked with
-    `cudaHostRegister` in pieces of at most `piece_bytes` whole slots. Each piece starts on a page
+    The buffer is an anonymous `mmap` of exactly the size needed (not rounded up to a power of
+    two as `pin_memory=True` allocations are), viewed as a tensor whose storage starts where the
+    mapping does, so torch sees the registered range from the storage's base (`is_pinned()`).
+    When `pin_device` is a CUDA device it is page-locked with `cudaHostRegister` in pieces of at
+    most `piece_bytes` whole slots. Each piece starts on a page
     boundary so no page is registered twice; the padding is under one page per piece. A copy must
     not span two pieces (the driver would see pageable memory): runs of slots are split at every
     `slots_per_piece` slots. Without `pin_device` (CPU mode) nothing is registered and no
@@ -62,15 +66,17 @@ class CpuPool:
         last_slots = num_slots - (self.num_pieces - 1) * self.slots_per_piece
         nbytes = (self.num_pieces - 1) * self.piece_stride + last_slots * slot_bytes
         nbytes = -(-nbytes // page) * page
-        raw = torch.empty(nbytes + page, dtype=torch.uint8)
-        start = -raw.data_ptr() % page
-        self.buffer: torch.Tensor = raw[start : start + nbytes]
+        memory = mmap.mmap(-1, nbytes)
+        # Created outside inference mode whatever the caller's mode: copies use it in any mode.
+        with torch.inference_mode(False):
+            self.buffer: torch.Tensor = torch.frombuffer(memory, dtype=torch.uint8)
         """The whole pool as flat bytes (page-aligned; includes the padding between pieces)."""
         self.pinned = pin_device is not None
         pieces: list[int] = []
         if pin_device is not None:
             pieces = _register(self.buffer, self._piece_ranges(), pin_device)
-        self._finalizer = weakref.finalize(self, _unregister, raw, pieces)
+        # The tensor keeps the mapping alive; the finalizer keeps it until it is unregistered.
+        self._finalizer = weakref.finalize(self, _unregister, memory, pieces)
 
     def _piece_ranges(self) -> list[tuple[int, int]]:
         """(byte offset, length) of each piece."""
@@ -122,6 +128,9 @@ def _register(
             ptr = buffer.data_ptr() + offset
             err = cudart.cudaHostRegister(ptr, nbytes, 0)
             if err != cudart.cudaError.success:
+                # The failure stays as CUDA's last error, which torch would report at the next
+                # kernel launch as that launch's failure (often a misleading "out of memory").
+                _clear_last_cuda_error()
                 _unregister(buffer, done)
                 raise KVOffloadError(
                     f"cudaHostRegister of {nbytes} bytes (piece {i} of {len(ranges)}) failed: "
@@ -139,11 +148,37 @@ def _register(
     return done
 
 
-def _unregister(memory: torch.Tensor, ptrs: list[int]) -> None:
+def _unregister(memory: object, ptrs: list[int]) -> None:
     """Takes the pool's memory as an argument only so that the finalizer keeps it allocated until
     it has been unregistered."""
     if ptrs:
         cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
         for ptr in ptrs:
-            cudart.cudaHostUnregister(ptr)
+            err = cudart.cudaHostUnregister(ptr)
+            if err != cudart.cudaError.success:
+                _clear_last_cuda_error()
+                logger.warning(
+                    "cudaHostUnregister of the CPU pool at 0x%x failed: %s",
+                    ptr,
+                    cudart.cudaGetErrorString(err),
+                )
         ptrs.clear()
+
+
+def _cudart_library() -> Any:
+    """The CUDA runtime torch loaded (the same library, so the same last-error state), or None:
+    torch's own binding offers no `cudaGetLastError`."""
+    for name in ("libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+    return None
+
+
+def _clear_last_cuda_error() -> None:
+    lib = _cudart_library()
+    if lib is None:
+        logger.warning("could not load the CUDA runtime to clear a failed call's error state")
+        return
+    lib.cudaGetLastError()
