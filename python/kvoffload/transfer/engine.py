@@ -119,6 +119,9 @@ class TransferEngine:
         self.layout = layout
         self.blocks_per_chunk = blocks_per_chunk
         self.copy_path: CopyPath = copy_path
+        # On the CPU a copy costs no launch, and gathering through a staging buffer only adds a
+        # pass over the bytes: `auto` copies runs directly there.
+        self._path: CopyPath = "direct" if copy_path == "auto" and not self.is_cuda else copy_path
         self.chunk_bytes = layout.chunk_bytes(blocks_per_chunk)
         self.pool = CpuPool(
             num_slots,
@@ -276,7 +279,7 @@ class TransferEngine:
         slot_ids, gpu_ids, skip = check_job(
             self._geom, slots, gpu_block_ids, skip_leading_blocks, d.store
         )
-        plan = plan_copies(self._geom, slot_ids, gpu_ids, skip, self.copy_path)
+        plan = plan_copies(self._geom, slot_ids, gpu_ids, skip, self._path)
         job = _Job(self._seq, job_id, len(gpu_ids) * self.layout.block_bytes)
         self._seq += 1
         if d.stream is None:
