@@ -1,7 +1,14 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Without a GPU, Triton kernels (copy_path="kernel") run in its interpreter on CPU tensors; it
+# must be on before triton is first imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kvoffload.transfer import TransferEngine
 

@@ -13,7 +13,13 @@ DST = [10, 11, 12, 20, 1, 6, 8, 13, 16, 17, 18, 19]
 SLOTS = {1: [6, 7, 2, 9, 11, 0, 1, 3, 10, 4, 5, 8], 3: [6, 7, 2, 9]}
 
 # "batched" with a one-chunk staging buffer also covers jobs that need several batches.
-PATHS = [("auto", {}), ("direct", {}), ("batched", {"staging_bytes": 1}), ("per_block", {})]
+PATHS = [
+    ("auto", {}),
+    ("direct", {}),
+    ("batched", {"staging_bytes": 1}),
+    ("per_block", {}),
+    ("kernel", {}),  # the Triton kernel, interpreted on the CPU (conftest sets TRITON_INTERPRET)
+]
 
 
 def finished(engine, job_ids):
@@ -294,3 +300,33 @@ def test_invalid_job_raises_and_copies_nothing(make_cache, args, error, match):
     assert not engine.pool.buffer.any()
     for b, data in before.items():
         assert torch.equal(cache.block(b), data)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.uint8])
+@pytest.mark.parametrize("skip", [0, 2])
+def test_the_kernel_path_copies_every_layout_and_dtype_byte_for_byte(make_cache, kind, dtype, skip):
+    cache = make_cache(kind, dtype=dtype)
+    engine = cache.engine(num_slots=12, blocks_per_chunk=3, copy_path="kernel")
+    stored = cache.blocks(SRC)
+    slots = SLOTS[3]
+    assert [r.success for r in finished(engine, [_store(engine, 1, SRC, slots)])] == [True]
+    cache.randomize()
+    others = cache.blocks(b for b in range(cache.num_blocks) if b not in DST[skip:])
+    engine.submit_load(2, slots, DST[skip:], skip_leading_blocks=skip)
+    assert [r.success for r in finished(engine, [2])] == [True]
+    for j, d in enumerate(DST[skip:]):
+        assert torch.equal(cache.block(d), stored[SRC[skip + j]]), (j, d)
+    for b, data in others.items():
+        assert torch.equal(cache.block(b), data), b
+    engine.close()
+
+
+def _store(engine, job_id, blocks, slots):
+    engine.submit_store(job_id, blocks, slots)
+    return job_id
+
+
+def test_the_kernel_path_needs_cuda_or_the_interpreter(make_cache, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match=r"copy_path='kernel' needs CUDA tensors"):
+        make_cache("cross_layer").engine(num_slots=2, blocks_per_chunk=1, copy_path="kernel")

@@ -41,6 +41,8 @@ class Row:
     per_block: float
     ceiling: float
     """GB/s (1e9 bytes per second)."""
+    kernel: float | None = None
+    """GB/s of `copy_path="kernel"` (CUDA only: interpreted on the CPU it says nothing)."""
 
 
 def make_caches(kind: str, num_blocks: int, device: torch.device) -> KVCaches:
@@ -62,10 +64,14 @@ def measure(device: torch.device, blocks_per_job: int, reps: int) -> list[Row]:
         slots = rng.permutation(2 * blocks_per_job).reshape(2, blocks_per_job)
         engine = _engine_rates(caches, "auto", blocks, slots, reps)
         per_block = _engine_rates(caches, "per_block", blocks, slots, reps)
+        kernel = None
+        if device.type == "cuda":
+            kernel = _engine_rates(caches, "kernel", blocks, slots, reps)
         block_bytes = LAYERS * 2 * TOKENS * HEADS * HEAD_SIZE * 2
         ceiling = _ceiling_rates(device, blocks_per_job * block_bytes, reps)
         for d in DIRECTIONS:
-            rows.append(Row(name, d, engine[d], per_block[d], ceiling[d]))
+            k = None if kernel is None else kernel[d]
+            rows.append(Row(name, d, engine[d], per_block[d], ceiling[d], k))
         del caches
         gc.collect()
     return rows
@@ -137,12 +143,15 @@ def format_table(rows: list[Row], title: str) -> str:
     lines = [
         title,
         f"{'layout':<27} {'dir':<5} {'engine':>8} {'per-block':>10} {'ceiling':>8} "
-        f"{'engine/ceiling':>15} {'engine/per-block':>17}",
+        f"{'engine/ceiling':>15} {'engine/per-block':>17} {'kernel':>8} {'kernel/ceiling':>15}",
     ]
     for r in rows:
+        kernel = "-" if r.kernel is None else f"{r.kernel:.2f}"
+        share = "-" if r.kernel is None else f"{r.kernel / r.ceiling:.0%}"
         lines.append(
             f"{r.layout:<27} {r.direction:<5} {r.engine:8.2f} {r.per_block:10.2f} "
-            f"{r.ceiling:8.2f} {r.engine / r.ceiling:15.0%} {r.engine / r.per_block:16.1f}x"
+            f"{r.ceiling:8.2f} {r.engine / r.ceiling:15.0%} {r.engine / r.per_block:16.1f}x "
+            f"{kernel:>8} {share:>15}"
         )
     return "\n".join(lines)
 

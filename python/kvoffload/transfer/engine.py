@@ -10,7 +10,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import NamedTuple
 
 import numpy.typing as npt
@@ -122,6 +122,16 @@ class TransferEngine:
         # On the CPU a copy costs no launch, and gathering through a staging buffer only adds a
         # pass over the bytes: `auto` copies runs directly there.
         self._path: CopyPath = "direct" if copy_path == "auto" and not self.is_cuda else copy_path
+        self._kernel: ModuleType | None = None
+        if copy_path == "kernel":
+            from kvoffload.transfer import kernel
+
+            if not self.is_cuda and not kernel.interpreted():
+                raise ValueError(
+                    "copy_path='kernel' needs CUDA tensors, or TRITON_INTERPRET=1 in CPU mode"
+                )
+            self._kernel = kernel
+            self._path = "direct"  # its runs, copied by the kernel
         self.chunk_bytes = layout.chunk_bytes(blocks_per_chunk)
         self.pool = CpuPool(
             num_slots,
@@ -320,6 +330,14 @@ class TransferEngine:
 
     def _execute(self, plan: CopyPlan, d: _Direction) -> None:
         pool = self._pool_units
+        if self._kernel is not None:
+            unit = pool.element_size()
+            gpu_at = [self._flat_segments[r.segment].data_ptr() + r.gpu * unit for r in plan.runs]
+            pool_at = [pool.data_ptr() + r.cpu * unit for r in plan.runs]
+            src, dst = (gpu_at, pool_at) if d.store else (pool_at, gpu_at)
+            lengths = [r.length for r in plan.runs]
+            self._kernel.copy_runs(src, dst, lengths, pool.dtype, self.layout.device)
+            return
         for segment, gpu, cpu, length in plan.runs:
             dev = self._flat_segments[segment][gpu : gpu + length]
             host = pool[cpu : cpu + length]

@@ -14,13 +14,14 @@ from typing import Literal, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-CopyPath = Literal["auto", "direct", "batched", "per_block"]
-COPY_PATHS: tuple[CopyPath, ...] = ("auto", "direct", "batched", "per_block")
+CopyPath = Literal["auto", "direct", "batched", "per_block", "kernel"]
+COPY_PATHS: tuple[CopyPath, ...] = ("auto", "direct", "batched", "per_block", "kernel")
 """`direct`: one copy per run of blocks contiguous on both sides. `batched`: whole chunks are
 gathered into (stores) or scattered from (loads) a GPU staging buffer with one index kernel per
 segment, so the PCIe copies are whole runs of slots. `auto`: `direct` when its copies average at
 least `min_direct_copy_bytes`, else `batched`. `per_block`: one copy per block and segment, the
-baseline benchmarks compare against."""
+baseline benchmarks compare against. `kernel`: the runs of `direct`, all in one Triton launch
+that reads and writes the pinned pool through its mapped host addresses (see `kernel.py`)."""
 
 Ids = npt.NDArray[np.int64]
 
