@@ -4,7 +4,8 @@ Each run of a job (a GPU page run and its pool range, from any layout: one tenso
 layer) is cut into tiles of at most `TILE_BYTES`; program `i` copies tile `i` from `src[i]` to
 `dst[i]`. On CUDA the pool is registered with `cudaHostRegisterDefault`, which on a system with
 unified virtual addressing maps it into the device's address space at its host addresses, so the
-kernel reads and writes it there: no staging buffer and no per-layer launch. In CPU mode it runs under `TRITON_INTERPRET=1` (the tests do).
+kernel reads and writes it there: no staging buffer and no per-layer launch. In CPU mode it
+runs under `TRITON_INTERPRET=1` (the tests do).
 """
 
 from __future__ import annotations
