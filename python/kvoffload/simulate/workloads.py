@@ -112,44 +112,42 @@ def _conversation_tokens(
 
 
 @dataclass(frozen=True)
-class ReasoningChat:
+class _Conversations:
+    """What the two chat workloads share: conversations of turns over shared system prompts."""
+
+    conversations: int = _size(32, 1, "conversations, interleaved turn by turn")
+    turns: int = _size(4, 1, "turns per conversation")
+    system_prompts: int = _size(4, 1, "distinct system prompts the conversations share")
+    system_prompt_tokens: int = _size(2048, 1, "tokens per system prompt")
+    user_tokens: int = _size(256, 1, "tokens per user message")
+
+    def _sizes(self) -> dict[str, int]:
+        return {"thinking_tokens": 0, **dataclasses.asdict(self)}
+
+    def requests(self, seed: int) -> list[SimRequest]:
+        return _conversations(_Fresh(seed), **self._sizes())
+
+    def num_tokens(self) -> int:
+        """Prompt and output tokens of all its requests together."""
+        return _conversation_tokens(**self._sizes())
+
+
+@dataclass(frozen=True)
+class ReasoningChat(_Conversations):
     """Multi-turn chat with a reasoning model: each answer is thinking text then the final answer,
     and the next turn's prompt keeps only the final answer."""
 
     name: ClassVar[str] = "reasoning-chat"
-    conversations: int = _size(32, 1, "conversations, interleaved turn by turn")
-    turns: int = _size(4, 1, "turns per conversation")
-    system_prompts: int = _size(4, 1, "distinct system prompts the conversations share")
-    system_prompt_tokens: int = _size(2048, 1, "tokens per system prompt")
-    user_tokens: int = _size(256, 1, "tokens per user message")
     thinking_tokens: int = _size(1024, 0, "thinking tokens per answer (dropped from the history)")
     answer_tokens: int = _size(256, 1, "final-answer tokens per answer (kept in the history)")
 
-    def requests(self, seed: int) -> list[SimRequest]:
-        return _conversations(_Fresh(seed), **dataclasses.asdict(self))
-
-    def num_tokens(self) -> int:
-        """Prompt and output tokens of all its requests together."""
-        return _conversation_tokens(**dataclasses.asdict(self))
-
 
 @dataclass(frozen=True)
-class Chat:
+class Chat(_Conversations):
     """Multi-turn chat whose answers stay verbatim in the next turn's prompt (no thinking)."""
 
     name: ClassVar[str] = "chat"
-    conversations: int = _size(32, 1, "conversations, interleaved turn by turn")
-    turns: int = _size(4, 1, "turns per conversation")
-    system_prompts: int = _size(4, 1, "distinct system prompts the conversations share")
-    system_prompt_tokens: int = _size(2048, 1, "tokens per system prompt")
-    user_tokens: int = _size(256, 1, "tokens per user message")
     answer_tokens: int = _size(512, 1, "tokens per answer (kept in the history)")
-
-    def requests(self, seed: int) -> list[SimRequest]:
-        return _conversations(_Fresh(seed), thinking_tokens=0, **dataclasses.asdict(self))
-
-    def num_tokens(self) -> int:
-        return _conversation_tokens(thinking_tokens=0, **dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)
