@@ -466,11 +466,14 @@ impl Store {
             }
         }
         let mut nothing_fits = false;
-        let live_resident = resident
-            .iter()
-            .filter(|&&(_, s)| self.entries[s as usize].live())
-            .count();
-        if partial && new.len() + live_resident > self.num_slots as usize {
+        // Counted only for a partial offer: the all-or-nothing path never needs it.
+        let live_resident = || {
+            resident
+                .iter()
+                .filter(|&&(_, s)| self.entries[s as usize].live())
+                .count()
+        };
+        if partial && new.len() + live_resident() > self.num_slots as usize {
             // Room now: the free slots and every unpinned ready key not offered here.
             let evictable = self.stats.ready - self.stats.pinned - protected_unpinned;
             new.truncate(self.free_slots() + evictable as usize);
