@@ -43,7 +43,7 @@ lint: build
 	$(PY) -m mypy.stubtest kvoffload._rust
 
 test-rust:
-	cargo test -p kvoffload-core
+	cargo test -p kvoffload-core -p kvoffload-remote
 
 # Benchmarks run once, untimed, so they never rot.
 test-python: build

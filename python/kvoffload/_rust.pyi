@@ -5,10 +5,18 @@ from typing import final
 __all__ = [
     "MAX_KEY_LEN",
     "POLICY_NAMES",
+    "REMOTE_CORRUPT",
+    "REMOTE_DROPPED",
+    "REMOTE_EXISTS",
+    "REMOTE_FAILED",
+    "REMOTE_MISSING",
+    "REMOTE_OK",
     "InvalidStateError",
     "KVOffloadError",
     "KeyList",
     "KeyRange",
+    "RemoteError",
+    "RemoteTier",
     "Store",
     "_colliding_keys",
     "load_window",
@@ -18,9 +26,16 @@ __all__ = [
 
 MAX_KEY_LEN: int
 POLICY_NAMES: list[str]
+REMOTE_OK: int
+REMOTE_MISSING: int
+REMOTE_CORRUPT: int
+REMOTE_FAILED: int
+REMOTE_DROPPED: int
+REMOTE_EXISTS: int
 
 class KVOffloadError(Exception): ...
 class InvalidStateError(KVOffloadError): ...
+class RemoteError(KVOffloadError): ...
 
 @final
 class KeyList:
@@ -86,6 +101,47 @@ class Store:
     def stats(self) -> dict[str, int | float]: ...
     def recency_order(self) -> list[list[bytes]]: ...
     def check_invariants(self) -> None: ...
+
+@final
+class RemoteTier:
+    def __new__(
+        cls,
+        url: str,
+        namespace: bytes,
+        chunk_bytes: int,
+        *,
+        connect_timeout_s: float = 1.0,
+        job_timeout_s: float = 2.0,
+        min_bandwidth_mb_s: float = 100.0,
+        connections: int = 2,
+        breaker_failures: int = 3,
+        breaker_cooldown_s: float = 2.0,
+        ttl_s: float | None = None,
+        max_store_bytes_in_flight: int = 1073741824,
+        touch_on_hit: bool = True,
+    ) -> RemoteTier: ...
+    @property
+    def startup_error(self) -> str | None: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def chunk_bytes(self) -> int: ...
+    def canary(
+        self, name: bytes, identity: bytes, timeout_s: float = 1.0
+    ) -> tuple[str, bytes | None]: ...
+    def submit_lookup(self, keys: list[bytes]) -> int: ...
+    def submit_store(
+        self, keys: list[bytes], base: int, capacity: int, offsets: list[int]
+    ) -> int: ...
+    def submit_load(
+        self, keys: list[bytes], base: int, capacity: int, offsets: list[int]
+    ) -> int: ...
+    def poll(self) -> list[tuple[int, bytes]]: ...
+    def wait(self, timeout_s: float) -> list[tuple[int, bytes]]: ...
+    def drain(self, timeout_s: float) -> list[tuple[int, bytes]]: ...
+    def in_flight(self) -> int: ...
+    def stats(self) -> dict[str, int]: ...
+    def close(self) -> None: ...
 
 def storable_chunks(
     computed_tokens: int,

@@ -18,6 +18,13 @@ create_exception!(
     "A key is not in the state the call needs (e.g. loading a key that is not ready)."
 );
 
+create_exception!(
+    _rust,
+    RemoteError,
+    KVOffloadError,
+    "The remote (Redis / Valkey) tier refused the configuration: credentials, database, or it is closed."
+);
+
 pub(crate) fn to_py(err: Error) -> PyErr {
     match err {
         Error::InvalidKeyLength { .. }

@@ -3,6 +3,7 @@
 mod chunk;
 mod errors;
 mod keys;
+mod remote;
 mod store;
 
 use pyo3::exceptions::PyValueError;
@@ -41,6 +42,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "InvalidStateError",
         py.get_type::<errors::InvalidStateError>(),
     )?;
+    remote::register(m)?;
     m.add("MAX_KEY_LEN", kvoffload_core::MAX_KEY_LEN)?;
     m.add("POLICY_NAMES", kvoffload_core::POLICY_NAMES.to_vec())?;
     Ok(())

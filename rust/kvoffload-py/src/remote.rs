@@ -1,0 +1,313 @@
+//! `RemoteTier`: the Redis / Valkey tier of `kvoffload-remote`. Buffers cross as raw addresses
+//! (the abi3 build has no buffer protocol); the Python caller keeps them alive until completion.
+
+use crate::errors::RemoteError;
+use crate::keys::{new_bytes, KeyArg};
+use kvoffload_remote::{
+    self as remote, CanaryOutcome, Completion, Config, RawBuf, RawBufMut, Tier,
+};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use std::time::Duration;
+
+fn to_py(err: remote::RemoteError) -> PyErr {
+    match err {
+        remote::RemoteError::Config(_) => PyValueError::new_err(err.to_string()),
+        _ => RemoteError::new_err(err.to_string()),
+    }
+}
+
+/// Seconds as a `Duration`, or a ValueError naming the parameter and the allowed range.
+fn seconds(name: &str, v: f64, lo: Duration, hi: Duration) -> PyResult<Duration> {
+    if !v.is_finite() || v < lo.as_secs_f64() || v > hi.as_secs_f64() {
+        return Err(PyValueError::new_err(format!(
+            "{name}={v} is out of range; allowed: {} to {} seconds",
+            lo.as_secs_f64(),
+            hi.as_secs_f64()
+        )));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+fn completions<'py>(py: Python<'py>, done: Vec<Completion>) -> PyResult<Bound<'py, PyList>> {
+    let items = done
+        .into_iter()
+        .map(|c| {
+            PyTuple::new(
+                py,
+                [
+                    c.job_id.into_pyobject(py)?.into_any(),
+                    new_bytes(py, &c.statuses)?.into_any(),
+                ],
+            )
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+/// A Redis / Valkey tier for chunks of `chunk_bytes`; every call that waits or does I/O releases
+/// the GIL.
+#[pyclass(frozen, module = "kvoffload._rust")]
+pub struct RemoteTier {
+    tier: Tier,
+}
+
+impl RemoteTier {
+    fn keys(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
+        KeyArg::extract(keys)?.run(py, |k| Ok(k.iter().map(|k| k.to_vec()).collect()))
+    }
+
+    /// The items' addresses: `base + offset`, each chunk checked to lie within the buffer.
+    fn spans(
+        &self,
+        n_keys: usize,
+        base: u64,
+        capacity: i64,
+        offsets: &[i64],
+    ) -> PyResult<Vec<usize>> {
+        let chunk = self.tier.chunk_bytes() as i64;
+        if offsets.len() != n_keys {
+            return Err(PyValueError::new_err(format!(
+                "len(offsets)={} differs from len(keys)={n_keys}; allowed: equal lengths",
+                offsets.len()
+            )));
+        }
+        let valid = base != 0
+            && capacity >= 0
+            && usize::try_from(base).is_ok_and(|b| b.checked_add(capacity as usize).is_some());
+        if !valid {
+            return Err(PyValueError::new_err(format!(
+                "base=0x{base:x}, capacity={capacity} is not a valid buffer; allowed: a non-null \
+                 address and a capacity >= 0 that does not wrap the address space"
+            )));
+        }
+        offsets
+            .iter()
+            .enumerate()
+            .map(|(i, &off)| {
+                if off >= 0 && off.checked_add(chunk).is_some_and(|end| end <= capacity) {
+                    Ok(base as usize + off as usize)
+                } else {
+                    Err(PyValueError::new_err(format!(
+                        "offsets[{i}]={off} puts a chunk of {chunk} bytes outside the buffer of \
+                         {capacity} bytes; allowed: 0 <= offset <= {}",
+                        capacity - chunk
+                    )))
+                }
+            })
+            .collect()
+    }
+}
+
+#[pymethods]
+impl RemoteTier {
+    #[new]
+    #[pyo3(signature = (
+        url, namespace, chunk_bytes, *, connect_timeout_s = 1.0, job_timeout_s = 2.0,
+        min_bandwidth_mb_s = 100.0, connections = 2, breaker_failures = 3,
+        breaker_cooldown_s = 2.0, ttl_s = None, max_store_bytes_in_flight = 1_073_741_824,
+        touch_on_hit = true,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        url: &str,
+        namespace: &[u8],
+        chunk_bytes: usize,
+        connect_timeout_s: f64,
+        job_timeout_s: f64,
+        min_bandwidth_mb_s: f64,
+        connections: usize,
+        breaker_failures: u32,
+        breaker_cooldown_s: f64,
+        ttl_s: Option<f64>,
+        max_store_bytes_in_flight: u64,
+        touch_on_hit: bool,
+    ) -> PyResult<Self> {
+        use remote::config::{MIN_BANDWIDTH_RANGE, TIMEOUT_MAX, TIMEOUT_MIN, TTL_MAX};
+        let ns: [u8; 16] = namespace.try_into().map_err(|_| {
+            PyValueError::new_err(format!(
+                "namespace has {} bytes; allowed: exactly 16 (a digest)",
+                namespace.len()
+            ))
+        })?;
+        let (lo, hi) = MIN_BANDWIDTH_RANGE;
+        let (lo, hi) = (lo as f64 / 1e6, hi as f64 / 1e6);
+        if !min_bandwidth_mb_s.is_finite() || min_bandwidth_mb_s < lo || min_bandwidth_mb_s > hi {
+            return Err(PyValueError::new_err(format!(
+                "min_bandwidth_mb_s={min_bandwidth_mb_s} is out of range; allowed: {lo} to {hi}"
+            )));
+        }
+        let mut cfg = Config::new(url, chunk_bytes);
+        cfg.connect_timeout = seconds(
+            "connect_timeout_s",
+            connect_timeout_s,
+            TIMEOUT_MIN,
+            TIMEOUT_MAX,
+        )?;
+        cfg.job_timeout = seconds("job_timeout_s", job_timeout_s, TIMEOUT_MIN, TIMEOUT_MAX)?;
+        cfg.min_bandwidth = (min_bandwidth_mb_s * 1e6) as u64;
+        cfg.connections = connections;
+        cfg.breaker_failures = breaker_failures;
+        cfg.breaker_cooldown = seconds(
+            "breaker_cooldown_s",
+            breaker_cooldown_s,
+            TIMEOUT_MIN,
+            TIMEOUT_MAX,
+        )?;
+        cfg.ttl = ttl_s
+            .map(|t| seconds("ttl_s", t, TIMEOUT_MIN, TTL_MAX))
+            .transpose()?;
+        cfg.max_store_bytes_in_flight = max_store_bytes_in_flight;
+        cfg.touch_on_hit = touch_on_hit;
+        let tier = py.detach(|| Tier::connect(cfg, ns)).map_err(to_py)?;
+        Ok(RemoteTier { tier })
+    }
+
+    #[getter]
+    fn startup_error(&self) -> Option<String> {
+        self.tier.startup_error().map(str::to_string)
+    }
+
+    #[getter]
+    fn state(&self) -> &'static str {
+        self.tier.state().name()
+    }
+
+    #[getter]
+    fn chunk_bytes(&self) -> usize {
+        self.tier.chunk_bytes()
+    }
+
+    /// `("written" | "matched" | "down", None)` or `("differs", existing_identity)`.
+    #[pyo3(signature = (name, identity, timeout_s = 1.0))]
+    fn canary<'py>(
+        &self,
+        py: Python<'py>,
+        name: &[u8],
+        identity: &[u8],
+        timeout_s: f64,
+    ) -> PyResult<(&'static str, Option<Bound<'py, PyBytes>>)> {
+        use remote::config::{TIMEOUT_MAX, TIMEOUT_MIN};
+        let timeout = seconds("timeout_s", timeout_s, TIMEOUT_MIN, TIMEOUT_MAX)?;
+        let (name, identity) = (name.to_vec(), identity.to_vec());
+        let outcome = py
+            .detach(|| self.tier.canary(&name, &identity, timeout))
+            .map_err(to_py)?;
+        Ok(match outcome {
+            CanaryOutcome::Written => ("written", None),
+            CanaryOutcome::Matched => ("matched", None),
+            CanaryOutcome::Differs(v) => ("differs", Some(new_bytes(py, &v)?)),
+            CanaryOutcome::Down(_) => ("down", None),
+        })
+    }
+
+    fn submit_lookup(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let keys = self.keys(py, keys)?;
+        py.detach(|| self.tier.submit_lookup(keys)).map_err(to_py)
+    }
+
+    fn submit_store(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        base: u64,
+        capacity: i64,
+        offsets: Vec<i64>,
+    ) -> PyResult<u64> {
+        let keys = self.keys(py, keys)?;
+        let addrs = self.spans(keys.len(), base, capacity, &offsets)?;
+        let chunk = self.tier.chunk_bytes();
+        let items = keys
+            .into_iter()
+            .zip(addrs)
+            // SAFETY: the span lies in the caller's buffer (checked above), which the Python
+            // caller keeps alive and unchanged until this job's completion (documented contract).
+            .map(|(k, a)| (k, unsafe { RawBuf::new(a as *const u8, chunk) }))
+            .collect();
+        py.detach(|| self.tier.submit_store(items)).map_err(to_py)
+    }
+
+    fn submit_load(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        base: u64,
+        capacity: i64,
+        offsets: Vec<i64>,
+    ) -> PyResult<u64> {
+        let keys = self.keys(py, keys)?;
+        let addrs = self.spans(keys.len(), base, capacity, &offsets)?;
+        let chunk = self.tier.chunk_bytes();
+        let items = keys
+            .into_iter()
+            .zip(addrs)
+            // SAFETY: as in `submit_store`; the caller also leaves the span untouched until then.
+            .map(|(k, a)| (k, unsafe { RawBufMut::new(a as *mut u8, chunk) }))
+            .collect();
+        py.detach(|| self.tier.submit_load(items)).map_err(to_py)
+    }
+
+    fn poll<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let done = py.detach(|| self.tier.poll());
+        completions(py, done)
+    }
+
+    fn wait<'py>(&self, py: Python<'py>, timeout_s: f64) -> PyResult<Bound<'py, PyList>> {
+        let t = seconds(
+            "timeout_s",
+            timeout_s,
+            Duration::ZERO,
+            Duration::from_secs(86400),
+        )?;
+        let done = py.detach(|| self.tier.wait(t));
+        completions(py, done)
+    }
+
+    fn drain<'py>(&self, py: Python<'py>, timeout_s: f64) -> PyResult<Bound<'py, PyList>> {
+        let t = seconds(
+            "timeout_s",
+            timeout_s,
+            Duration::ZERO,
+            Duration::from_secs(86400),
+        )?;
+        let done = py.detach(|| self.tier.drain(t));
+        completions(py, done)
+    }
+
+    fn in_flight(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.tier.in_flight())
+    }
+
+    /// Counters and gauges; `breaker_state` is 0 up, 1 down, 2 half-open.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = py.detach(|| self.tier.stats());
+        let d = PyDict::new(py);
+        for (name, v) in stats.to_pairs() {
+            d.set_item(name, v)?;
+        }
+        Ok(d)
+    }
+
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.tier.close())
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<RemoteTier>()?;
+    m.add("RemoteError", py.get_type::<RemoteError>())?;
+    for (name, v) in [
+        ("REMOTE_OK", remote::status::OK),
+        ("REMOTE_MISSING", remote::status::MISSING),
+        ("REMOTE_CORRUPT", remote::status::CORRUPT),
+        ("REMOTE_FAILED", remote::status::FAILED),
+        ("REMOTE_DROPPED", remote::status::DROPPED),
+        ("REMOTE_EXISTS", remote::status::EXISTS),
+    ] {
+        m.add(name, v)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,230 @@
+//! One server connection. Every read and write is bounded by the current job's deadline: the
+//! socket timeout is set to the time left before each system call, so a stalled or dribbling
+//! server cannot stretch a job past it.
+
+use crate::error::{RemoteError, Result};
+use crate::resp::{self, Head, Pipeline};
+use crate::url::{Endpoint, ServerUrl};
+use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+/// Large enough for every small reply of a pipeline in one read; bulk bodies bypass it.
+const READ_BUF: usize = 64 << 10;
+
+enum Socket {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+pub struct Stream {
+    socket: Socket,
+    deadline: Instant,
+}
+
+impl Stream {
+    fn remaining(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "job deadline passed",
+            ));
+        }
+        // A zero timeout means "block forever" to the kernel; never pass one.
+        Ok(left.max(Duration::from_millis(1)))
+    }
+
+    fn arm_read(&self) -> io::Result<()> {
+        let t = Some(self.remaining()?);
+        match &self.socket {
+            Socket::Tcp(s) => s.set_read_timeout(t),
+            Socket::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn arm_write(&self) -> io::Result<()> {
+        let t = Some(self.remaining()?);
+        match &self.socket {
+            Socket::Tcp(s) => s.set_write_timeout(t),
+            Socket::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm_read()?;
+        match &mut self.socket {
+            Socket::Tcp(s) => s.read(buf),
+            Socket::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.arm_write()?;
+        match &mut self.socket {
+            Socket::Tcp(s) => s.write(buf),
+            Socket::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.arm_write()?;
+        match &mut self.socket {
+            Socket::Tcp(s) => s.write_vectored(bufs),
+            Socket::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+pub struct Conn {
+    reader: BufReader<Stream>,
+    line: Vec<u8>,
+}
+
+fn open(url: &ServerUrl, deadline: Instant) -> Result<Socket> {
+    let left = || {
+        let d = deadline.saturating_duration_since(Instant::now());
+        if d.is_zero() {
+            Err(RemoteError::Timeout(
+                "connecting: connect timeout passed".into(),
+            ))
+        } else {
+            Ok(d)
+        }
+    };
+    match &url.endpoint {
+        Endpoint::Tcp { host, port } => {
+            let addrs = (host.as_str(), *port)
+                .to_socket_addrs()
+                .map_err(|e| RemoteError::Io(format!("resolving {host}:{port}: {e}")))?;
+            let mut last = RemoteError::Io(format!("{host}:{port} resolves to no address"));
+            for addr in addrs {
+                match TcpStream::connect_timeout(&addr, left()?) {
+                    Ok(s) => {
+                        // Small commands must not wait for Nagle; payloads go out in full writes.
+                        s.set_nodelay(true)
+                            .map_err(|e| RemoteError::from_io(e, "setting TCP_NODELAY"))?;
+                        return Ok(Socket::Tcp(s));
+                    }
+                    Err(e) => last = RemoteError::from_io(e, &format!("connecting to {addr}")),
+                }
+            }
+            Err(last)
+        }
+        Endpoint::Unix(path) => {
+            left()?;
+            UnixStream::connect(path)
+                .map(Socket::Unix)
+                .map_err(|e| RemoteError::from_io(e, &format!("connecting to {}", path.display())))
+        }
+    }
+}
+
+fn is_auth_error(msg: &str) -> bool {
+    [
+        "NOAUTH",
+        "WRONGPASS",
+        "NOPERM",
+        "invalid password",
+        "invalid username",
+    ]
+    .iter()
+    .any(|p| msg.contains(p))
+        || msg.starts_with("ERR AUTH")
+}
+
+impl Conn {
+    /// Connects, authenticates and selects the database, all before `deadline`.
+    pub fn connect(url: &ServerUrl, deadline: Instant) -> Result<Conn> {
+        let socket = open(url, deadline)?;
+        let mut conn = Conn {
+            reader: BufReader::with_capacity(READ_BUF, Stream { socket, deadline }),
+            line: Vec::with_capacity(128),
+        };
+        let mut p = Pipeline::new();
+        let mut steps = Vec::new();
+        if let Some(pass) = &url.password {
+            match &url.username {
+                Some(user) => p.command(3).arg(b"AUTH").arg(user.as_bytes()),
+                None => p.command(2).arg(b"AUTH"),
+            }
+            .arg(pass.as_bytes());
+            steps.push("AUTH");
+        }
+        if url.db != 0 {
+            p.command(2)
+                .arg(b"SELECT")
+                .arg(url.db.to_string().as_bytes());
+            steps.push("SELECT");
+        }
+        // PING reveals a server that wants a password we were not given (NOAUTH).
+        p.command(1).arg(b"PING");
+        steps.push("PING");
+        conn.send(&p)?;
+        let mut first_err = None;
+        for step in steps {
+            if let Head::Error(msg) = conn.simple()? {
+                first_err.get_or_insert((step, msg));
+            }
+        }
+        match first_err {
+            None => Ok(conn),
+            Some((_, msg)) if is_auth_error(&msg) => Err(RemoteError::Auth(format!(
+                "the server refused the credentials of the URL: {msg}"
+            ))),
+            Some(("SELECT", msg)) => Err(RemoteError::Auth(format!(
+                "the server refused database {} of the URL: {msg}",
+                url.db
+            ))),
+            Some((step, msg)) => Err(RemoteError::Server(format!("{step} at connect: {msg}"))),
+        }
+    }
+
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.reader.get_mut().deadline = deadline;
+    }
+
+    pub fn send(&mut self, p: &Pipeline<'_>) -> Result<()> {
+        p.write_to(self.reader.get_mut())
+    }
+
+    pub fn head(&mut self) -> Result<Head> {
+        resp::read_head(&mut self.reader, &mut self.line)
+    }
+
+    /// A reply without a payload; bulks and arrays are protocol errors here.
+    pub fn simple(&mut self) -> Result<Head> {
+        resp::read_simple(&mut self.reader, &mut self.line)
+    }
+
+    pub fn read_into(&mut self, dest: &mut [u8]) -> Result<()> {
+        resp::read_into(&mut self.reader, dest)
+    }
+
+    pub fn finish_bulk(&mut self) -> Result<()> {
+        resp::finish_bulk(&mut self.reader)
+    }
+
+    pub fn discard(&mut self, n: usize) -> Result<()> {
+        resp::discard(&mut self.reader, n)
+    }
+
+    /// Skips a bulk body and its CRLF.
+    pub fn skip_bulk(&mut self, n: usize) -> Result<()> {
+        self.discard(n)?;
+        self.finish_bulk()
+    }
+
+    pub fn read_bulk_vec(&mut self, n: usize, max: usize) -> Result<Vec<u8>> {
+        resp::read_bulk_vec(&mut self.reader, n, max)
+    }
+}

@@ -1,0 +1,461 @@
+//! Running one job on one connection: pipelined lookups, stores and loads.
+//!
+//! Each function sends all of a job's commands, then reads the replies in order. A data problem
+//! (missing or corrupt value, an error reply) settles one item and the stream stays in sync; an
+//! `Err` means the connection is unusable or the deadline passed, and the caller fails the items
+//! still `PENDING`.
+
+use crate::conn::Conn;
+use crate::error::{RemoteError, Result};
+use crate::format::{self, Header, Layout, Part, HEADER_LEN};
+use crate::resp::{Head, Pipeline};
+use crate::stats::Counters;
+use crate::status::{CORRUPT, EXISTS, FAILED, MISSING, OK, PENDING};
+
+/// Raw memory the caller lends to a store job.
+#[derive(Debug)]
+pub struct RawBuf {
+    ptr: *const u8,
+    len: usize,
+}
+
+/// Raw memory the caller lends to a load job.
+#[derive(Debug)]
+pub struct RawBufMut {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the creator promised (in `new`) that the memory stays valid, and for loads untouched,
+// until the job completes; the job reads or writes it from one worker thread at a time.
+unsafe impl Send for RawBuf {}
+unsafe impl Send for RawBufMut {}
+
+impl RawBuf {
+    /// # Safety
+    /// `ptr..ptr+len` must be readable and stay valid and unchanged until the job that takes this
+    /// buffer has its completion returned (by `poll`, `wait` or `drain`), or the tier is dropped.
+    pub unsafe fn new(ptr: *const u8, len: usize) -> RawBuf {
+        RawBuf { ptr, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn slice(&self) -> &[u8] {
+        // SAFETY: guaranteed by the contract of `new`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl RawBufMut {
+    /// # Safety
+    /// `ptr..ptr+len` must be writable, and nothing else may read or write it, until the job that
+    /// takes this buffer has its completion returned, or the tier is dropped.
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> RawBufMut {
+        RawBufMut { ptr, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn slice_mut(&mut self) -> &mut [u8] {
+        // SAFETY: guaranteed by the contract of `new`; `&mut self` keeps this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+pub(crate) struct Ctx<'a> {
+    pub layout: Layout,
+    pub ns: &'a [u8; 16],
+    pub ttl_ms: Option<u64>,
+    pub touch_on_hit: bool,
+    pub stats: &'a Counters,
+}
+
+impl Ctx<'_> {
+    fn key(&self, buf: &mut Vec<u8>, key: &[u8], part: Part) {
+        format::redis_key(buf, self.ns, key, part)
+    }
+
+    fn parts(&self) -> &'static [Part] {
+        if self.layout.split {
+            &[Part::Header, Part::Body]
+        } else {
+            &[Part::Header]
+        }
+    }
+
+    /// An error reply settles one item; the connection is fine, so the breaker does not count it.
+    fn server_error(&self, _msg: &str) {
+        Counters::add(&self.stats.server_errors, 1);
+    }
+}
+
+fn unexpected(what: &str, h: Head) -> RemoteError {
+    RemoteError::Protocol(format!("unexpected reply to {what}: {h:?}"))
+}
+
+fn read_int(conn: &mut Conn, what: &str) -> Result<std::result::Result<i64, String>> {
+    match conn.simple()? {
+        Head::Int(n) => Ok(Ok(n)),
+        Head::Error(m) => Ok(Err(m)),
+        h => Err(unexpected(what, h)),
+    }
+}
+
+pub(crate) fn lookup(
+    conn: &mut Conn,
+    ctx: &Ctx<'_>,
+    keys: &[Vec<u8>],
+    st: &mut [u8],
+) -> Result<()> {
+    let mut p = Pipeline::new();
+    let mut k = Vec::new();
+    for key in keys {
+        for &part in ctx.parts() {
+            ctx.key(&mut k, key, part);
+            p.command(2).arg(b"EXISTS").arg(&k);
+        }
+    }
+    conn.send(&p)?;
+    let mut hits = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let mut present = true;
+        let mut failed = false;
+        for _ in ctx.parts() {
+            match read_int(conn, "EXISTS")? {
+                Ok(1) => {}
+                Ok(0) => present = false,
+                Ok(n) => return Err(RemoteError::Protocol(format!("EXISTS of one key gave {n}"))),
+                Err(m) => {
+                    ctx.server_error(&m);
+                    failed = true;
+                }
+            }
+        }
+        st[i] = if failed {
+            FAILED
+        } else if present {
+            hits.push(key);
+            OK
+        } else {
+            MISSING
+        };
+    }
+    Counters::add(&ctx.stats.lookup_keys, keys.len() as u64);
+    Counters::add(&ctx.stats.lookup_hits, hits.len() as u64);
+    if ctx.touch_on_hit && !hits.is_empty() {
+        // EXISTS leaves the LRU clock alone; without this a hot prefix is evicted like a cold one.
+        let mut p = Pipeline::new();
+        p.command(1 + hits.len() * ctx.parts().len()).arg(b"TOUCH");
+        for key in hits {
+            for &part in ctx.parts() {
+                ctx.key(&mut k, key, part);
+                p.arg(&k);
+            }
+        }
+        conn.send(&p)?;
+        if let Err(m) = read_int(conn, "TOUCH")? {
+            ctx.server_error(&m);
+        }
+    }
+    Ok(())
+}
+
+fn set_ok(conn: &mut Conn) -> Result<std::result::Result<bool, String>> {
+    match conn.simple()? {
+        Head::Simple(s) if s == b"OK" => Ok(Ok(true)),
+        Head::Nil => Ok(Ok(false)),
+        Head::Error(m) => Ok(Err(m)),
+        h => Err(unexpected("SET", h)),
+    }
+}
+
+pub(crate) fn store(
+    conn: &mut Conn,
+    ctx: &Ctx<'_>,
+    items: &[(Vec<u8>, RawBuf)],
+    st: &mut [u8],
+) -> Result<()> {
+    let lay = ctx.layout;
+    let headers: Vec<[u8; HEADER_LEN]> = items
+        .iter()
+        .map(|(key, buf)| Header::for_chunk(&lay, ctx.ns, key, buf.slice()).encode())
+        .collect();
+    let ttl = ctx.ttl_ms.map(|t| t.to_string());
+    let nargs = if ttl.is_some() { 6 } else { 4 };
+    let mut p = Pipeline::new();
+    let mut k = Vec::new();
+    for ((key, buf), header) in items.iter().zip(&headers) {
+        let payload = buf.slice();
+        // Body first: a reader that finds the header can count on the body.
+        if lay.split {
+            ctx.key(&mut k, key, Part::Body);
+            p.command(nargs)
+                .arg(b"SET")
+                .arg(&k)
+                .arg_payload(b"", &payload[..lay.body()]);
+            p.arg(b"NX");
+            if let Some(t) = &ttl {
+                p.arg(b"PX").arg(t.as_bytes());
+            }
+        }
+        ctx.key(&mut k, key, Part::Header);
+        p.command(nargs)
+            .arg(b"SET")
+            .arg(&k)
+            .arg_payload(header, &payload[lay.body()..]);
+        p.arg(b"NX");
+        if let Some(t) = &ttl {
+            p.arg(b"PX").arg(t.as_bytes());
+        }
+    }
+    conn.send(&p)?;
+    let mut orphans = Vec::new();
+    let (mut ok, mut exists, mut failed) = (0u64, 0u64, 0u64);
+    for (i, (key, _)) in items.iter().enumerate() {
+        let body = if lay.split { set_ok(conn)? } else { Ok(true) };
+        let head = set_ok(conn)?;
+        st[i] = match (body, head) {
+            (Err(m), head) => {
+                ctx.server_error(&m);
+                if head == Ok(true) {
+                    orphans.push(key);
+                }
+                FAILED
+            }
+            (_, Err(m)) => {
+                ctx.server_error(&m);
+                FAILED
+            }
+            (Ok(_), Ok(true)) => OK,
+            (Ok(_), Ok(false)) => EXISTS,
+        };
+        match st[i] {
+            OK => ok += 1,
+            EXISTS => exists += 1,
+            _ => failed += 1,
+        }
+    }
+    Counters::add(&ctx.stats.stored_chunks, ok);
+    Counters::add(&ctx.stats.store_exists, exists);
+    Counters::add(&ctx.stats.store_failures, failed);
+    Counters::add(&ctx.stats.bytes_written, ok * lay.chunk_bytes as u64);
+    if !orphans.is_empty() {
+        // A header without its body would read as corrupt; take it back.
+        let mut p = Pipeline::new();
+        p.command(1 + orphans.len()).arg(b"DEL");
+        for key in orphans {
+            ctx.key(&mut k, key, Part::Header);
+            p.arg(&k);
+        }
+        conn.send(&p)?;
+        if let Err(m) = read_int(conn, "DEL")? {
+            ctx.server_error(&m);
+        }
+    }
+    Ok(())
+}
+
+/// How one part of a loaded chunk turned out.
+enum Got {
+    Ok,
+    Missing,
+    /// Failed a check; the reasons are in the comments where it is made.
+    Corrupt,
+    Failed,
+}
+
+/// Reads the `:h` reply: the header into a stack buffer, checked, then the tail into place.
+fn read_header_part(
+    conn: &mut Conn,
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    dest: &mut [u8],
+) -> Result<(Got, u32)> {
+    let lay = ctx.layout;
+    let n = match conn.head()? {
+        Head::Nil => return Ok((Got::Missing, 0)),
+        Head::Error(m) if m.starts_with("WRONGTYPE") => {
+            return Ok((Got::Corrupt /* not a string */, 0));
+        }
+        Head::Error(m) => {
+            ctx.server_error(&m);
+            return Ok((Got::Failed, 0));
+        }
+        Head::Bulk(n) => n,
+        h => return Err(unexpected("GET", h)),
+    };
+    if n != HEADER_LEN + lay.tail {
+        conn.skip_bulk(n)?;
+        return Ok((Got::Corrupt /* header value has the wrong length */, 0));
+    }
+    let mut raw = [0u8; HEADER_LEN];
+    conn.read_into(&mut raw)?;
+    match Header::decode_checked(&raw, &lay, ctx.ns, key) {
+        Ok(h) => {
+            conn.read_into(&mut dest[lay.body()..])?;
+            conn.finish_bulk()?;
+            Ok((Got::Ok, h.payload_crc))
+        }
+        Err(_why) => {
+            conn.skip_bulk(n - HEADER_LEN)?;
+            Ok((Got::Corrupt, 0))
+        }
+    }
+}
+
+/// Reads the `:b` reply straight into place, or skips it when the header already failed.
+fn read_body_part(conn: &mut Conn, ctx: &Ctx<'_>, want: bool, dest: &mut [u8]) -> Result<Got> {
+    let n = match conn.head()? {
+        Head::Nil => return Ok(Got::Corrupt /* body part missing */),
+        Head::Error(m) if m.starts_with("WRONGTYPE") => {
+            return Ok(Got::Corrupt /* not a string */);
+        }
+        Head::Error(m) => {
+            ctx.server_error(&m);
+            return Ok(Got::Failed);
+        }
+        Head::Bulk(n) => n,
+        h => return Err(unexpected("GET", h)),
+    };
+    if !want || n != dest.len() {
+        conn.skip_bulk(n)?;
+        return Ok(Got::Corrupt /* body part has the wrong length */);
+    }
+    conn.read_into(dest)?;
+    conn.finish_bulk()?;
+    Ok(Got::Ok)
+}
+
+pub(crate) fn load(
+    conn: &mut Conn,
+    ctx: &Ctx<'_>,
+    items: &mut [(Vec<u8>, RawBufMut)],
+    st: &mut [u8],
+) -> Result<()> {
+    let lay = ctx.layout;
+    let mut p = Pipeline::new();
+    let mut k = Vec::new();
+    for (key, _) in items.iter() {
+        for &part in ctx.parts() {
+            ctx.key(&mut k, key, part);
+            p.command(2).arg(b"GET").arg(&k);
+        }
+    }
+    conn.send(&p)?;
+    let mut corrupt = Vec::new();
+    let (mut ok, mut missing, mut failed) = (0u64, 0u64, 0u64);
+    for (i, (key, buf)) in items.iter_mut().enumerate() {
+        let dest = buf.slice_mut();
+        let (head, crc) = read_header_part(conn, ctx, key, dest)?;
+        let got = if lay.split {
+            let body = read_body_part(conn, ctx, matches!(head, Got::Ok), &mut dest[..lay.body()])?;
+            match (head, body) {
+                (Got::Ok, Got::Ok) => Got::Ok,
+                (Got::Ok, other) => other,
+                (other, _) => other,
+            }
+        } else {
+            head
+        };
+        st[i] = match got {
+            Got::Ok if format::crc(dest) == crc => OK,
+            Got::Ok => CORRUPT,
+            Got::Missing => MISSING,
+            Got::Corrupt => CORRUPT,
+            Got::Failed => FAILED,
+        };
+        match st[i] {
+            OK => ok += 1,
+            MISSING => missing += 1,
+            CORRUPT => corrupt.push(&key[..]),
+            _ => failed += 1,
+        }
+    }
+    Counters::add(&ctx.stats.loaded_chunks, ok);
+    Counters::add(&ctx.stats.load_missing, missing);
+    Counters::add(&ctx.stats.load_failures, failed);
+    Counters::add(&ctx.stats.corrupt, corrupt.len() as u64);
+    Counters::add(&ctx.stats.bytes_read, ok * lay.chunk_bytes as u64);
+    if !corrupt.is_empty() {
+        let mut p = Pipeline::new();
+        p.command(1 + corrupt.len() * ctx.parts().len()).arg(b"DEL");
+        for key in &corrupt {
+            for &part in ctx.parts() {
+                ctx.key(&mut k, key, part);
+                p.arg(&k);
+            }
+        }
+        conn.send(&p)?;
+        match read_int(conn, "DEL")? {
+            Ok(_) => Counters::add(&ctx.stats.deleted_corrupt, corrupt.len() as u64),
+            Err(m) => ctx.server_error(&m),
+        }
+    }
+    debug_assert!(!st.contains(&PENDING));
+    Ok(())
+}
+
+/// What the canary found under its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CanaryOutcome {
+    /// Ours is the first identity stored.
+    Written,
+    /// The stored identity equals ours.
+    Matched,
+    /// Another identity is stored: its bytes.
+    Differs(Vec<u8>),
+    /// The server could not be asked: why.
+    Down(String),
+}
+
+pub(crate) fn canary(
+    conn: &mut Conn,
+    key: &[u8],
+    identity: &[u8],
+    ttl_ms: Option<u64>,
+) -> Result<CanaryOutcome> {
+    // Twice: the stored value may expire between our SET NX and our GET.
+    for _ in 0..2 {
+        let mut p = Pipeline::new();
+        let ttl = ttl_ms.map(|t| t.to_string());
+        p.command(if ttl.is_some() { 6 } else { 4 })
+            .arg(b"SET")
+            .arg(key)
+            .arg(identity)
+            .arg(b"NX");
+        if let Some(t) = &ttl {
+            p.arg(b"PX").arg(t.as_bytes());
+        }
+        p.command(2).arg(b"GET").arg(key);
+        conn.send(&p)?;
+        let written = set_ok(conn)?.map_err(RemoteError::Server)?;
+        let stored = match conn.head()? {
+            Head::Bulk(n) => Some(conn.read_bulk_vec(n, 1 << 20)?),
+            Head::Nil => None,
+            Head::Error(m) => return Err(RemoteError::Server(m)),
+            h => return Err(unexpected("GET", h)),
+        };
+        match stored {
+            _ if written => return Ok(CanaryOutcome::Written),
+            Some(v) if v == identity => return Ok(CanaryOutcome::Matched),
+            Some(v) => return Ok(CanaryOutcome::Differs(v)),
+            None => continue,
+        }
+    }
+    Err(RemoteError::Protocol(
+        "canary key vanished twice between SET NX and GET".into(),
+    ))
+}

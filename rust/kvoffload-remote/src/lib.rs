@@ -1,0 +1,25 @@
+//! A Redis 7.0 / Valkey 8 tier for KV-cache chunks.
+//!
+//! A small hand-written RESP2 client: payloads go out from the caller's memory with
+//! `write_vectored` and come back with `read_exact` straight into the caller's memory, so a chunk
+//! is never copied on the way. Each chunk is stored as a checked header plus payload (see
+//! [`format`]); anything that fails a check is reported CORRUPT and deleted, never returned.
+
+mod breaker;
+pub mod config;
+mod conn;
+mod error;
+pub mod format;
+mod jobs;
+pub mod resp;
+mod stats;
+pub mod status;
+mod tier;
+pub mod url;
+
+pub use breaker::BreakerState;
+pub use config::Config;
+pub use error::{RemoteError, Result};
+pub use jobs::{CanaryOutcome, RawBuf, RawBufMut};
+pub use stats::Stats;
+pub use tier::{Completion, Tier};

@@ -1,0 +1,251 @@
+//! Server URLs: `redis://[user:pass@]host[:port][/db]` and `unix://path[?db=N&password=P]`.
+
+use crate::error::{RemoteError, Result};
+use std::path::PathBuf;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Tcp { host: String, port: u16 },
+    Unix(PathBuf),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerUrl {
+    pub endpoint: Endpoint,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub db: u32,
+}
+
+const ALLOWED: &str = "allowed: redis://[user:password@]host[:port][/db] or \
+                       unix:///path/to.sock[?db=N&password=P]";
+
+/// The URL with its password replaced, for messages and logs.
+pub fn mask(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((auth, tail)) = rest.split_once('@') {
+            let user = auth.split_once(':').map_or("", |(u, _)| u);
+            return format!("{scheme}://{user}:***@{tail}");
+        }
+    }
+    match url.find("password=") {
+        Some(i) => {
+            let end = url[i..].find('&').map_or(url.len(), |j| i + j);
+            format!("{}password=***{}", &url[..i], &url[end..])
+        }
+        None => url.to_string(),
+    }
+}
+
+fn bad(url: &str, why: &str) -> RemoteError {
+    RemoteError::Config(format!("url {:?}: {why}; {ALLOWED}", mask(url)))
+}
+
+/// `%XX` escapes, so passwords may hold `@`, `:` or `/`.
+fn decode(url: &str, s: &str) -> Result<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| bad(url, "bad %-escape"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad(url, "credentials are not UTF-8"))
+}
+
+fn parse_db(url: &str, s: &str) -> Result<u32> {
+    s.parse::<u32>()
+        .ok()
+        .filter(|&d| d < 1 << 16)
+        .ok_or_else(|| {
+            bad(
+                url,
+                &format!("database {s:?} is not an integer in 0..65536"),
+            )
+        })
+}
+
+pub fn parse(url: &str) -> Result<ServerUrl> {
+    if let Some(rest) = url.strip_prefix("redis://") {
+        parse_tcp(url, rest)
+    } else if let Some(rest) = url.strip_prefix("unix://") {
+        parse_unix(url, rest)
+    } else if url.starts_with("rediss://") || url.starts_with("valkeys://") {
+        Err(bad(url, "TLS is not supported"))
+    } else if let Some(rest) = url.strip_prefix("valkey://") {
+        parse_tcp(url, rest)
+    } else {
+        Err(bad(url, "unknown scheme"))
+    }
+}
+
+fn parse_tcp(url: &str, rest: &str) -> Result<ServerUrl> {
+    if rest.contains('?') || rest.contains('#') {
+        return Err(bad(
+            url,
+            "query strings are only supported for unix:// URLs",
+        ));
+    }
+    let (auth, hostpart) = match rest.rsplit_once('@') {
+        Some((a, h)) => (Some(a), h),
+        None => (None, rest),
+    };
+    let (username, password) = match auth {
+        None => (None, None),
+        Some(a) => {
+            let (u, p) = a.split_once(':').unwrap_or((a, ""));
+            let u = decode(url, u)?;
+            let p = decode(url, p)?;
+            if p.is_empty() {
+                return Err(bad(url, "credentials given without a password"));
+            }
+            ((!u.is_empty()).then_some(u), Some(p))
+        }
+    };
+    let (hostport, db) = match hostpart.split_once('/') {
+        Some((hp, "")) => (hp, 0),
+        Some((hp, d)) => (hp, parse_db(url, d)?),
+        None => (hostpart, 0),
+    };
+    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+        let (h, after) = v6
+            .split_once(']')
+            .ok_or_else(|| bad(url, "unclosed '[' in IPv6 host"))?;
+        (h, after.strip_prefix(':'))
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(bad(url, "no host"));
+    }
+    let port = match port {
+        None => 6379,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| bad(url, &format!("port {p:?} is not an integer in 1..=65535")))?,
+    };
+    Ok(ServerUrl {
+        endpoint: Endpoint::Tcp {
+            host: host.to_string(),
+            port,
+        },
+        username,
+        password,
+        db,
+    })
+}
+
+fn parse_unix(url: &str, rest: &str) -> Result<ServerUrl> {
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    if path.is_empty() {
+        return Err(bad(url, "no socket path"));
+    }
+    let mut out = ServerUrl {
+        endpoint: Endpoint::Unix(PathBuf::from(path)),
+        username: None,
+        password: None,
+        db: 0,
+    };
+    for pair in query.into_iter().flat_map(|q| q.split('&')) {
+        match pair.split_once('=') {
+            Some(("db", v)) => out.db = parse_db(url, v)?,
+            Some(("password", v)) if !v.is_empty() => out.password = Some(decode(url, v)?),
+            Some(("user" | "username", v)) if !v.is_empty() => out.username = Some(decode(url, v)?),
+            _ => {
+                return Err(bad(
+                    url,
+                    &format!(
+                        "unknown query parameter {:?} (allowed: db, password, user)",
+                        mask(pair)
+                    ),
+                ))
+            }
+        }
+    }
+    if out.username.is_some() && out.password.is_none() {
+        return Err(bad(url, "user given without a password"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tcp(host: &str, port: u16) -> Endpoint {
+        Endpoint::Tcp {
+            host: host.into(),
+            port,
+        }
+    }
+
+    #[test]
+    fn tcp_forms() {
+        let u = parse("redis://localhost").unwrap();
+        assert_eq!(
+            (u.endpoint, u.db, u.password),
+            (tcp("localhost", 6379), 0, None)
+        );
+        let u = parse("redis://127.0.0.1:7000/3").unwrap();
+        assert_eq!((u.endpoint, u.db), (tcp("127.0.0.1", 7000), 3));
+        let u = parse("redis://:s%40cret@h:1/").unwrap();
+        assert_eq!((u.username, u.password.as_deref()), (None, Some("s@cret")));
+        let u = parse("redis://bob:pw@[::1]:6380/2").unwrap();
+        assert_eq!(u.endpoint, tcp("::1", 6380));
+        assert_eq!(
+            (u.username.as_deref(), u.password.as_deref(), u.db),
+            (Some("bob"), Some("pw"), 2)
+        );
+    }
+
+    #[test]
+    fn unix_forms() {
+        let u = parse("unix:///tmp/r.sock?db=4&password=x").unwrap();
+        assert_eq!(u.endpoint, Endpoint::Unix("/tmp/r.sock".into()));
+        assert_eq!((u.db, u.password.as_deref()), (4, Some("x")));
+        let u = parse("unix://rel/r.sock").unwrap();
+        assert_eq!(u.endpoint, Endpoint::Unix("rel/r.sock".into()));
+    }
+
+    #[test]
+    fn errors_name_the_url_and_hide_the_password() {
+        for (url, needle) in [
+            ("http://h", "unknown scheme"),
+            ("rediss://h", "TLS"),
+            ("redis://h:0", "port"),
+            ("redis://h:99999", "port"),
+            ("redis://h/x", "database"),
+            ("redis://:hunter2@h:x", "port"),
+            ("redis://", "no host"),
+            ("unix://", "no socket path"),
+            ("unix:///s?foo=1", "unknown query parameter"),
+            ("redis://h?db=1", "query"),
+        ] {
+            let msg = parse(url).unwrap_err().to_string();
+            assert!(msg.contains(needle), "{url}: {msg}");
+            assert!(msg.contains("allowed"), "{url}: {msg}");
+            assert!(!msg.contains("hunter2"), "{url}: {msg}");
+        }
+        assert_eq!(
+            mask("unix:///s?password=abc&db=1"),
+            "unix:///s?password=***&db=1"
+        );
+    }
+}

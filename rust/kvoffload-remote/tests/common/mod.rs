@@ -1,0 +1,245 @@
+//! Test helpers: a real redis-server started per test, a raw client, fill patterns.
+#![allow(dead_code)]
+
+pub mod tier;
+
+use kvoffload_remote::resp::{self, Head, Pipeline};
+use std::io::BufReader;
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub const REDIS: &str = "/usr/bin/redis-server";
+
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    l.local_addr().unwrap().port()
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+pub struct Server {
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: PathBuf,
+    pub password: Option<String>,
+    args: Vec<String>,
+}
+
+/// `let Some(s) = server!(args) else { return };`: skips (or panics in CI) without redis-server.
+#[macro_export]
+macro_rules! server {
+    ($($arg:expr),* $(,)?) => {
+        common::Server::start(&[$($arg),*])
+    };
+}
+
+impl Server {
+    pub fn available() -> bool {
+        if std::path::Path::new(REDIS).exists() {
+            return true;
+        }
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{REDIS} is missing and CI=true: install redis-server");
+        }
+        eprintln!("skipping: {REDIS} is not installed");
+        false
+    }
+
+    pub fn start(extra: &[&str]) -> Option<Server> {
+        if !Self::available() {
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "kvo-remote-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let password = extra
+            .windows(2)
+            .find(|w| w[0] == "--requirepass")
+            .map(|w| w[1].to_string());
+        let mut s = Server {
+            child: None,
+            port: free_port(),
+            dir,
+            password,
+            args: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn();
+        Some(s)
+    }
+
+    pub fn sock(&self) -> PathBuf {
+        self.dir.join("redis.sock")
+    }
+
+    /// Starts (again) on the same port and socket.
+    pub fn spawn(&mut self) {
+        let child = Command::new(REDIS)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--unixsocket")
+            .arg(self.sock())
+            .args(["--unixsocketperm", "700"])
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let start = Instant::now();
+        loop {
+            if let Ok(mut c) = self.try_raw() {
+                if matches!(c.cmd(&[b"PING"]), Reply::Simple(_)) {
+                    return;
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn try_raw(&self) -> std::io::Result<Raw> {
+        let s = TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut r = Raw {
+            r: BufReader::new(s),
+        };
+        if let Some(p) = &self.password {
+            r.cmd(&[b"AUTH", p.as_bytes()]);
+        }
+        Ok(r)
+    }
+
+    pub fn raw(&self) -> Raw {
+        self.try_raw().expect("raw connection")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            // A stopped server ignores SIGKILL until continued? No: SIGKILL always works.
+            self.kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Nil,
+    Bulk(Vec<u8>),
+    Array(Vec<Reply>),
+}
+
+/// A plain connection for planting and inspecting values.
+pub struct Raw {
+    r: BufReader<TcpStream>,
+}
+
+impl Raw {
+    pub fn cmd(&mut self, args: &[&[u8]]) -> Reply {
+        let mut p = Pipeline::new();
+        p.command(args.len());
+        for a in args {
+            p.arg(a);
+        }
+        p.write_to(self.r.get_mut()).unwrap();
+        self.reply()
+    }
+
+    fn reply(&mut self) -> Reply {
+        let mut line = Vec::new();
+        match resp::read_head(&mut self.r, &mut line).unwrap() {
+            Head::Simple(s) => Reply::Simple(String::from_utf8(s).unwrap()),
+            Head::Error(e) => Reply::Error(e),
+            Head::Int(n) => Reply::Int(n),
+            Head::Nil => Reply::Nil,
+            Head::Bulk(n) => Reply::Bulk(resp::read_bulk_vec(&mut self.r, n, 1 << 30).unwrap()),
+            Head::Array(n) => Reply::Array((0..n).map(|_| self.reply()).collect()),
+        }
+    }
+
+    pub fn int(&mut self, args: &[&[u8]]) -> i64 {
+        match self.cmd(args) {
+            Reply::Int(n) => n,
+            r => panic!("{args:?}: {r:?}"),
+        }
+    }
+
+    pub fn info_field(&mut self, section: &str, field: &str) -> u64 {
+        let Reply::Bulk(b) = self.cmd(&[b"INFO", section.as_bytes()]) else {
+            panic!("INFO")
+        };
+        let text = String::from_utf8(b).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .unwrap_or_else(|| panic!("no {field}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+/// Deterministic, key-dependent content.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn redis_key(ns: &[u8; 16], key: &[u8], part: &str) -> Vec<u8> {
+    let mut k = b"kvo1:".to_vec();
+    k.extend_from_slice(ns);
+    k.push(b':');
+    k.extend_from_slice(key);
+    k.push(b':');
+    k.extend_from_slice(part.as_bytes());
+    k
+}
