@@ -1,0 +1,119 @@
+"""`RemoteClient`: the Rust data path (`kvoffload._rust.RemoteTier`) plus what only Python can do:
+keep each job's buffer alive until the job completes, and speak in `ConfigError`s at start-up."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kvoffload import _rust
+from kvoffload.errors import ConfigError
+from kvoffload.remote.config import RemoteTierConfig
+
+OK = _rust.REMOTE_OK
+MISSING = _rust.REMOTE_MISSING
+CORRUPT = _rust.REMOTE_CORRUPT
+FAILED = _rust.REMOTE_FAILED
+DROPPED = _rust.REMOTE_DROPPED
+EXISTS = _rust.REMOTE_EXISTS
+
+Completion = tuple[int, bytes]
+"""A finished job: its id and one status byte per key (`OK`, `MISSING`, ...)."""
+
+
+class RemoteClient:
+    """Jobs of many chunks against one Redis/Valkey server, run on Rust threads without the GIL.
+
+    Every chunk is `chunk_bytes` long and read from or written to `buffer[offset:offset +
+    chunk_bytes]` in place. The buffer must stay unchanged (stores) or untouched (loads) until
+    its job's completion comes back from `poll`, `wait` or `drain`; the client keeps a reference
+    to it until then.
+    """
+
+    def __init__(
+        self,
+        config: RemoteTierConfig,
+        namespace_digest: bytes,
+        chunk_bytes: int,
+        *,
+        connections: int | None = None,
+    ) -> None:
+        options = config.client_options()
+        if connections is not None:
+            options["connections"] = connections
+        try:
+            self._tier = _rust.RemoteTier(config.url, namespace_digest, chunk_bytes, **options)
+        except _rust.RemoteError as exc:
+            raise ConfigError(f"secondary tier url={config.masked_url!r}: {exc}") from exc
+        except ValueError as exc:
+            raise ConfigError(f"secondary tier: {exc}") from exc
+        self.config = config
+        self.chunk_bytes = chunk_bytes
+        self._buffers: dict[int, np.ndarray[Any, Any]] = {}
+
+    @property
+    def startup_error(self) -> str | None:
+        """Why the server could not be reached at start-up (the tier then starts down)."""
+        return self._tier.startup_error
+
+    @property
+    def state(self) -> str:
+        """The circuit breaker: "up", "down" (every job fails fast) or "half-open"."""
+        return self._tier.state
+
+    def canary(self, name: bytes, identity: bytes) -> tuple[str, bytes | None]:
+        return self._tier.canary(name, identity, self.config.connect_timeout_s)
+
+    def lookup(self, keys: Sequence[bytes]) -> int:
+        return self._tier.submit_lookup(list(keys))
+
+    def store(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int:
+        array = _bytes_view(buffer, writable=False)
+        job = self._tier.submit_store(list(keys), array.ctypes.data, array.nbytes, list(offsets))
+        self._buffers[job] = array
+        return job
+
+    def load(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int:
+        array = _bytes_view(buffer, writable=True)
+        job = self._tier.submit_load(list(keys), array.ctypes.data, array.nbytes, list(offsets))
+        self._buffers[job] = array
+        return job
+
+    def poll(self) -> list[Completion]:
+        return self._release(self._tier.poll())
+
+    def wait(self, timeout_s: float) -> list[Completion]:
+        """Blocks (without the GIL) until some job completes or `timeout_s` passes."""
+        return self._release(self._tier.wait(timeout_s))
+
+    def drain(self, timeout_s: float) -> list[Completion]:
+        """Blocks until no job is queued or running (each ends by its deadline)."""
+        return self._release(self._tier.drain(timeout_s))
+
+    def in_flight(self) -> int:
+        return self._tier.in_flight()
+
+    def stats(self) -> dict[str, int]:
+        return self._tier.stats()
+
+    def close(self) -> None:
+        self._tier.close()
+        self._buffers.clear()
+
+    def _release(self, done: list[Completion]) -> list[Completion]:
+        for job, _ in done:
+            self._buffers.pop(job, None)
+        return done
+
+
+def _bytes_view(buffer: Any, *, writable: bool) -> np.ndarray[Any, Any]:
+    """The buffer as one contiguous uint8 array sharing its memory (a copy would defeat both the
+    zero-copy path and, for loads, the destination)."""
+    view = memoryview(buffer)
+    if not view.c_contiguous:
+        raise ValueError("buffer must be C-contiguous")
+    if writable and view.readonly:
+        raise ValueError("buffer must be writable for a load")
+    return np.frombuffer(view.cast("B"), dtype=np.uint8)

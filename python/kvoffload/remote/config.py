@@ -1,0 +1,133 @@
+"""`RemoteTierConfig`: one `secondary_tiers` entry of type `RedisTier`, checked key by key."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvoffload.errors import ConfigError
+
+_SCHEMES = ("redis://", "unix://")
+# Keys vLLM's tier factory reads (or passes on) itself: not ours, not unknown either.
+_VLLM_KEYS = frozenset({"type", "module_path", "backpressure", "locality"})
+
+
+def _number(entry: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
+    v = entry.get(key, default)
+    if type(v) not in (int, float) or not math.isfinite(v) or not low <= v <= high:
+        raise ConfigError(
+            f"secondary tier {key}={v!r} ({type(v).__name__}) is invalid: "
+            f"expected a number in [{low:g}, {high:g}]"
+        )
+    return float(v)
+
+
+def _integer(entry: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
+    v = entry.get(key, default)
+    if type(v) is not int or not low <= v <= high:
+        raise ConfigError(
+            f"secondary tier {key}={v!r} ({type(v).__name__}) is invalid: "
+            f"expected an int in [{low}, {high}]"
+        )
+    return v
+
+
+def _flag(entry: Mapping[str, Any], key: str, default: bool) -> bool:
+    v = entry.get(key, default)
+    if type(v) is not bool:
+        raise ConfigError(
+            f"secondary tier {key}={v!r} ({type(v).__name__}) is invalid: expected true or false"
+        )
+    return v
+
+
+@dataclass(frozen=True)
+class RemoteTierConfig:
+    """The shared tier's settings; the README's "Shared tier" table documents each one."""
+
+    url: str
+    namespace: str
+    connect_timeout_s: float = 1.0
+    job_timeout_s: float = 2.0
+    min_bandwidth_mb_s: float = 100.0
+    connections: int = 2
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 2.0
+    ttl_s: float | None = None
+    max_store_bytes_in_flight: int = 1 << 30
+    touch_on_hit: bool = True
+    enable_kv_events: bool = False
+
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any]) -> RemoteTierConfig:
+        """Reads one `secondary_tiers` entry. Unknown keys and bad values raise `ConfigError`
+        naming the key: a typo in a shared tier's settings must stop start-up, not silently
+        leave a replica outside the pool."""
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"a secondary tier entry must be a dict, got {type(entry).__name__}")
+        unknown = sorted(set(entry) - set(cls.__dataclass_fields__) - _VLLM_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"unknown RedisTier key(s): {', '.join(map(repr, unknown))}; allowed: "
+                f"{', '.join(sorted(cls.__dataclass_fields__))}"
+            )
+        url = entry.get("url")
+        if not isinstance(url, str) or not url.startswith(_SCHEMES):
+            raise ConfigError(
+                f"secondary tier url={_masked(url)!r} is invalid: expected "
+                "'redis://[user:password@]host:port[/db]' or 'unix:///path/to.sock[?db=N]'"
+            )
+        namespace = entry.get("namespace")
+        if not isinstance(namespace, str) or not namespace.strip() or len(namespace) > 1024:
+            raise ConfigError(
+                f"secondary tier namespace={namespace!r} is invalid: it is required, a non-empty "
+                "string of at most 1024 characters naming the model and its weights version "
+                "(e.g. 'llama-3.1-8b@rev-5f0b')"
+            )
+        ttl = entry.get("ttl_s")
+        return cls(
+            url=url,
+            namespace=namespace,
+            connect_timeout_s=_number(entry, "connect_timeout_s", 1.0, 0.01, 60.0),
+            job_timeout_s=_number(entry, "job_timeout_s", 2.0, 0.01, 600.0),
+            min_bandwidth_mb_s=_number(entry, "min_bandwidth_mb_s", 100.0, 1.0, 1e6),
+            connections=_integer(entry, "connections", 2, 1, 64),
+            breaker_failures=_integer(entry, "breaker_failures", 3, 1, 1000),
+            breaker_cooldown_s=_number(entry, "breaker_cooldown_s", 2.0, 0.01, 600.0),
+            ttl_s=None if ttl is None else _number(entry, "ttl_s", 0.0, 0.001, 10.0 * 365 * 86400),
+            max_store_bytes_in_flight=_integer(
+                entry, "max_store_bytes_in_flight", 1 << 30, 1, 1 << 44
+            ),
+            touch_on_hit=_flag(entry, "touch_on_hit", True),
+            enable_kv_events=_flag(entry, "enable_kv_events", False),
+        )
+
+    def client_options(self) -> dict[str, Any]:
+        """The keyword arguments of `kvoffload._rust.RemoteTier`."""
+        return {
+            "connect_timeout_s": self.connect_timeout_s,
+            "job_timeout_s": self.job_timeout_s,
+            "min_bandwidth_mb_s": self.min_bandwidth_mb_s,
+            "connections": self.connections,
+            "breaker_failures": self.breaker_failures,
+            "breaker_cooldown_s": self.breaker_cooldown_s,
+            "ttl_s": self.ttl_s,
+            "max_store_bytes_in_flight": self.max_store_bytes_in_flight,
+            "touch_on_hit": self.touch_on_hit,
+        }
+
+    @property
+    def masked_url(self) -> str:
+        return _masked(self.url)
+
+
+def _masked(url: object) -> object:
+    """The URL with its password replaced, for messages and logs."""
+    if not isinstance(url, str) or "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
