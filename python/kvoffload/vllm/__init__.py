@@ -4,7 +4,9 @@ Two seams, both named in `--kv-transfer-config`: `KVOffloadConnector` (our conne
 `{"kv_connector": "KVOffloadConnector", "kv_connector_module_path": "kvoffload.vllm", ...}`) and
 `KVOffloadSpec` (our manager and copy worker inside vLLM's own `OffloadingConnector`:
 `{"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {"spec_name":
-"KVOffloadSpec", "spec_module_path": "kvoffload.vllm", ...}}`).
+"KVOffloadSpec", "spec_module_path": "kvoffload.vllm", ...}}`). `RedisTier` is a shared Redis/Valkey
+tier for vLLM's own `TieringOffloadingSpec` (`"secondary_tiers": [{"type": "RedisTier",
+"module_path": "kvoffload.vllm", "url": ..., "namespace": ...}]`).
 """
 
 try:
@@ -13,6 +15,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("kvoffload.vllm needs vLLM 0.33: pip install 'kvoffload[vllm]'") from exc
 
 from kvoffload.vllm.connector import KVOffloadConnector
+from kvoffload.vllm.redis_tier import RedisTier
 from kvoffload.vllm.spec import KVOffloadSpec
 from kvoffload.vllm.spec_manager import KVOffloadManager
 from kvoffload.vllm.spec_worker import KVOffloadWorker
@@ -24,4 +27,5 @@ __all__ = [
     "KVOffloadSpec",
     "KVOffloadStats",
     "KVOffloadWorker",
+    "RedisTier",
 ]

@@ -1,0 +1,298 @@
+"""`RedisTier`: a shared Redis/Valkey tier for vLLM 0.33's `TieringOffloadingSpec`.
+
+vLLM loads it by module path from a `secondary_tiers` entry (`"type": "RedisTier",
+"module_path": "kvoffload.vllm"`). Chunks move between vLLM's CPU region (the primary tier's
+memoryview) and Redis on the Rust data path: straight from and into that memory, on background
+threads, without the GIL. Every call here runs on the scheduler thread and only submits or polls.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadingCounterMetadata,
+    OffloadingEvent,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+)
+from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
+from vllm.v1.kv_offload.tiering.base import (
+    TIER_LABEL,
+    JobResult,
+    SecondaryTierManager,
+    TransferJob,
+)
+
+from kvoffload.remote import EXISTS, OK, RemoteClient, RemoteLookups, RemoteTierConfig, TierIdentity
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadingSpec
+
+logger = logging.getLogger(__name__)
+
+_CANARY = b"vllm-none-hash"
+# Counters of the Rust data path exported as Prometheus counters (name -> help text).
+_COUNTERS = {
+    "corrupt": "Values that failed the header or CRC32C check (each one deleted, never served).",
+    "timeouts": "Jobs that missed their deadline.",
+    "reconnects": "Connections re-established after a failure.",
+    "stores_dropped": "Chunks not written: backpressure or the tier was down.",
+    "load_missing": "Chunks a load found absent (evicted after the lookup, or a hole).",
+}
+_METRIC = "kvoffload:redis_tier_"
+_BREAKER_STATES = {"up": 0, "half-open": 1, "down": 2}
+
+
+class RedisTier(SecondaryTierManager):
+    """A `SecondaryTierManager` on Redis 7 / Valkey 8; see the README's "Shared tier" section for
+    every key. Faults degrade to CPU-only: lookups miss, stores drop, loads fail and recompute."""
+
+    medium: ClassVar[Medium] = Medium.STORAGE
+
+    def __init__(
+        self,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: BackpressureDetector | None = None,
+        **entry: Any,
+    ) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        config = RemoteTierConfig.from_dict(entry)
+        self.config = config
+        self.locality = Locality(entry.get("locality", Locality.REMOTE.value))
+        chunk_bytes = self.block_size_bytes
+        digest = identity_of(offloading_spec, config.namespace, chunk_bytes).digest()
+        self._client = RemoteClient(config, digest, chunk_bytes)
+        # Lookups have a connection of their own: one never queues behind a 64-chunk load.
+        self._lookup_client = RemoteClient(config, digest, chunk_bytes, connections=1)
+        self._lookups = RemoteLookups(self._lookup_client)
+        # The view is the whole CPU region: a chunk id is a row of `chunk_bytes`.
+        self._base = primary_kv_view
+        self._jobs: dict[int, tuple[TransferJob, float]] = {}
+        self._touch_jobs: set[int] = set()
+        self._pending: list[JobResult] = []
+        self._events: list[OffloadingEvent] | None = None
+        if config.enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events:
+            self._events = []
+        self._reported = {name: 0 for name in _COUNTERS}
+        self._check_startup()
+
+    def _check_startup(self) -> None:
+        if self._client.startup_error is not None:
+            logger.warning(
+                "RedisTier %s is unreachable (%s): the engine serves without the shared tier "
+                "and retries in the background",
+                self.config.masked_url,
+                self._client.startup_error,
+            )
+            return
+        none_hash = bytes(kv_cache_utils.NONE_HASH)
+        outcome, theirs = self._client.canary(_CANARY, none_hash)
+        if outcome == "differs":
+            logger.warning(
+                "RedisTier %s namespace %r: another replica hashes blocks from a different seed "
+                "(NONE_HASH %s here, %s there), so no prefix will be shared between them. Set the "
+                "same PYTHONHASHSEED on every replica, or use a sha256 prefix-caching hash.",
+                self.config.masked_url,
+                self.config.namespace,
+                none_hash.hex()[:16],
+                (theirs or b"").hex()[:16],
+            )
+
+    # --- lookups ---------------------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        found = self._lookups.lookup(key, req_context.req_id)
+        if found is None:
+            return LookupResult.RETRY
+        return LookupResult.HIT if found else LookupResult.MISS
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        # EXISTS leaves Redis's LRU clock alone; TOUCH (sent for the keys found) keeps hot
+        # prefixes ahead of allkeys-lru on the other replicas' behalf too.
+        if self.config.touch_on_hit and keys:
+            self._touch_jobs.add(self._client.lookup(list(keys)))
+
+    # --- jobs ------------------------------------------------------------------------------
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        self._submit(job_metadata, self._client.store)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        self._submit(job_metadata, self._client.load)
+
+    def _submit(self, job: TransferJob, submit: Any) -> None:
+        offsets = [int(c) * self.block_size_bytes for c in job.chunk_ids]
+        try:
+            rust_job = submit(list(job.keys), self._base, offsets)
+        except (ValueError, TypeError) as exc:  # a slot outside the region: never silently
+            logger.error("RedisTier job %d refused: %s", job.job_id, exc)
+            self._pending.append(JobResult(job_id=job.job_id, success=False))
+            return
+        self._jobs[rust_job] = (job, time.monotonic())
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        self._collect(self._client.poll())
+        done, self._pending = self._pending, []
+        return done
+
+    def drain_jobs(self) -> None:
+        # Every job ends by its deadline (fixed part + bytes / min bandwidth), so this is bounded.
+        while self._jobs:
+            self._collect(self._client.drain(self._drain_timeout()))
+
+    def _drain_timeout(self) -> float:
+        total = sum(len(job.keys) for job, _ in self._jobs.values()) * self.block_size_bytes
+        return self.config.job_timeout_s + total / (self.config.min_bandwidth_mb_s * 1e6) + 1.0
+
+    def _collect(self, completions: list[tuple[int, bytes]]) -> None:
+        now = time.monotonic()
+        for rust_job, statuses in completions:
+            if rust_job in self._touch_jobs:
+                self._touch_jobs.discard(rust_job)
+                continue
+            entry = self._jobs.pop(rust_job, None)
+            if entry is None:
+                continue
+            job, started = entry
+            keys = list(job.keys)
+            if job.is_promotion:
+                self._pending.append(self._load_result(job, keys, statuses, now - started))
+            else:
+                self._pending.append(self._store_result(job, keys, statuses, now - started))
+
+    def _load_result(
+        self, job: TransferJob, keys: list[OffloadKey], statuses: bytes, took: float
+    ) -> JobResult:
+        loaded = [k for k, s in zip(keys, statuses, strict=True) if s == OK]
+        if len(loaded) == len(keys):
+            return JobResult(
+                job.job_id,
+                True,
+                transfer_time=took,
+                transfer_bytes=len(keys) * self.block_size_bytes,
+            )
+        # A key that did not load is a miss for this tier from now on (vLLM's livelock guard):
+        # the request recomputes it, and what did arrive is kept.
+        self._lookups.mark_miss([k for k, s in zip(keys, statuses, strict=True) if s != OK])
+        return JobResult(
+            job.job_id,
+            False,
+            successful_keys=loaded,
+            transfer_time=took,
+            transfer_bytes=len(loaded) * self.block_size_bytes,
+        )
+
+    def _store_result(
+        self, job: TransferJob, keys: list[OffloadKey], statuses: bytes, took: float
+    ) -> JobResult:
+        stored = sum(s in (OK, EXISTS) for s in statuses)
+        success = stored == len(keys)
+        if success and self._events is not None:
+            self._events.append(
+                OffloadingEvent(
+                    keys=keys, medium=self.medium, removed=False, locality=self.locality
+                )
+            )
+        return JobResult(
+            job.job_id, success, transfer_time=took, transfer_bytes=stored * self.block_size_bytes
+        )
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs) or self._lookups.in_flight() > 0
+
+    # --- per request and per step ----------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._lookups.cleanup(req_context.req_id)
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._lookups.flush()
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self._events:
+            events, self._events = self._events, []
+            return events
+        return ()
+
+    # --- metrics and lifetime --------------------------------------------------------------
+
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
+        labels = (TIER_LABEL,)
+        metrics: dict[str, OffloadingMetricMetadata] = {
+            _METRIC + name: OffloadingCounterMetadata(documentation=doc, labelnames=labels)
+            for name, doc in _COUNTERS.items()
+        }
+        metrics[_METRIC + "breaker_state"] = OffloadingGaugeMetadata(
+            documentation="The shared tier's circuit breaker: 0 up, 1 half-open, 2 down.",
+            labelnames=labels,
+        )
+        return metrics
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        stats = OffloadingConnectorStats()
+        now = self._client.stats()
+        label = (self.tier_type,)
+        for name in _COUNTERS:
+            delta = now[name] - self._reported[name]
+            if delta:
+                stats.increase_counter(_METRIC + name, delta, label)
+                self._reported[name] = now[name]
+        stats.set_gauge(_METRIC + "breaker_state", _BREAKER_STATES[self._client.state], label)
+        return stats
+
+    def stats(self) -> dict[str, int]:
+        """The data path's counters (both connections), for tests and logs."""
+        data, lookups = self._client.stats(), self._lookup_client.stats()
+        return {k: data[k] + lookups.get(k, 0) for k in data}
+
+    def shutdown(self) -> None:
+        self.drain_jobs()
+        self._client.close()
+        self._lookup_client.close()
+
+
+def identity_of(spec: OffloadingSpec, namespace: str, chunk_bytes: int) -> TierIdentity:
+    """What vLLM's tiering region bytes depend on beyond the block hash (its CPU region lays a
+    chunk out as every worker's page for every group and layer, so rank is not part of it)."""
+    config = spec.config
+    parallel = config.parallel
+    layers = tuple(name for group in config.groups for name in group.layer_names)
+    layout = f"vllm-tiering/{config.kv_cache_layout or 'default'}"
+    if config.canonical_layout:
+        layout += "/canonical"
+    return TierIdentity(
+        namespace=namespace,
+        model=config.model.name,
+        kv_dtype=str(config.model.dtype),
+        tokens_per_block=config.groups[0].tokens_per_block,
+        blocks_per_chunk=config.cache.blocks_per_chunk,
+        layers=layers,
+        tp_size=parallel.tp_size,
+        pp_size=parallel.pp_size,
+        rank=0,
+        bytes_per_chunk=chunk_bytes,
+        layout=layout,
+    )

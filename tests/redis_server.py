@@ -1,0 +1,158 @@
+"""A real `redis-server` (Debian's package) for the tests: started on a free loopback port with
+persistence off, waited for with PING, stopped by pid. Without the binary the tests that need it
+skip, except under CI=true, where a missing server is an error."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+REDIS_SERVER = shutil.which("redis-server")
+
+
+def require_redis() -> str:
+    if REDIS_SERVER is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            raise RuntimeError("redis-server is missing: .ci/run installs Debian's redis-server")
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    return REDIS_SERVER
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """One server process. `args` are extra `redis-server` options (e.g. maxmemory)."""
+
+    def __init__(self, *args: str, port: int | None = None, password: str | None = None) -> None:
+        self.binary = require_redis()
+        self.port = port or free_port()
+        self.password = password
+        self.args = list(args)
+        self.dir = tempfile.mkdtemp(prefix="kvo-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        cmd = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.dir,
+            "--protected-mode",
+            "no",
+            *self.args,
+        ]
+        if self.password:
+            cmd += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if self.command("PING") in (b"PONG", b"NOAUTH Authentication required."):
+                    return self
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {cmd}")
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError("redis-server did not answer PING within 10 s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)  # a frozen server cannot die otherwise
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def freeze(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def command(self, *args: str | bytes | int) -> object:
+        """One command over a fresh connection (for tests: planting values, reading INFO)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            if self.password:
+                s.sendall(encode("AUTH", self.password))
+                read_reply(s.makefile("rb"))
+            s.sendall(encode(*args))
+            return read_reply(s.makefile("rb"))
+
+    def keys(self) -> list[bytes]:
+        reply = self.command("KEYS", "*")
+        assert isinstance(reply, list)
+        return sorted(reply)
+
+    def used_memory(self) -> int:
+        info = self.command("INFO", "memory")
+        assert isinstance(info, bytes)
+        for line in info.decode().splitlines():
+            if line.startswith("used_memory:"):
+                return int(line.split(":")[1])
+        raise AssertionError("INFO memory has no used_memory")
+
+
+def encode(*args: str | bytes | int) -> bytes:
+    parts = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+    out = [b"*%d\r\n" % len(parts)]
+    for p in parts:
+        out.append(b"$%d\r\n%s\r\n" % (len(p), p))
+    return b"".join(out)
+
+
+def read_reply(f: object) -> object:
+    line = f.readline()  # type: ignore[attr-defined]
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest
+    if kind == b"-":
+        return rest  # errors come back as bytes; tests compare them
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        n = int(rest)
+        if n < 0:
+            return None
+        data = f.read(n + 2)  # type: ignore[attr-defined]
+        return data[:-2]
+    if kind == b"*":
+        return [read_reply(f) for _ in range(int(rest))]
+    raise AssertionError(f"unexpected reply {line!r}")
+
+
+@contextmanager
+def redis_server(*args: str, password: str | None = None) -> Iterator[RedisServer]:
+    server = RedisServer(*args, password=password).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)

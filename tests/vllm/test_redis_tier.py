@@ -1,0 +1,211 @@
+"""`RedisTier` inside vLLM 0.33's own tiering (`OffloadingConnector` + `TieringOffloadingSpec`),
+driven by vLLM's real scheduler on the CPU rig, against a real `redis-server`.
+
+Two engines (each with its own CPU tier) share one server: what engine 1 computed, engine 2 loads
+through promotion (Redis -> CPU region -> "GPU"), and the rig checks every loaded position byte for
+byte before each forward pass. 12-token chunks, 4-token GPU blocks: a 60-token prompt is 5 full
+chunks, all of which vLLM loads (60 tokens) when they are offloaded, from its CPU tier or ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from rig import Rig, prompt
+from tiering_rig import make_tiering_rig, redis_tier, redis_tier_entry
+
+from kvoffload import ConfigError
+from redis_server import RedisServer, free_port, redis_server
+
+PROMPT = prompt(7, 60)
+
+
+def engine(model_dir: str, url: str, **entry_options: object) -> Rig:
+    return make_tiering_rig(model_dir, [redis_tier_entry(url, **entry_options)])
+
+
+def settle(rig: Rig) -> None:
+    """Lets the cascade (CPU -> Redis) of what the engine stored finish."""
+    tier = redis_tier(rig)
+    tier.drain_jobs()
+    list(tier.get_finished_jobs())
+
+
+def serve(rig: Rig, rid: str, tokens: list[int], max_tokens: int = 2) -> int:
+    """Runs one request to completion; returns the tokens vLLM says the connector loaded."""
+    rig.add(rid, tokens, max_tokens)
+    rig.run(max_steps=20_000)
+    return rig.external_hits.get(rid, 0)
+
+
+def chunk_keys(server: RedisServer) -> list[bytes]:
+    return [k for k in server.keys() if k.endswith(b":h") and b"canary" not in k]
+
+
+def test_engine_two_loads_what_engine_one_computed(model_dir, redis):
+    one = engine(model_dir, redis.url)
+    assert serve(one, "a", PROMPT) == 0
+    settle(one)
+    assert len(chunk_keys(redis)) == 5  # every full prompt chunk reached the shared tier
+
+    two = engine(model_dir, redis.url)
+    assert serve(two, "b", PROMPT) == 60
+    assert two.checked_positions["b"] >= 60  # the loaded positions were checked byte for byte
+    assert redis_tier(two).stats()["corrupt"] == 0
+    # The same hit as engine 1's own CPU tier gives it for the same prompt.
+    one.reset_gpu_prefix_cache()
+    assert serve(one, "a2", PROMPT) == 60
+
+
+def test_a_restarted_engine_loads_from_the_shared_tier(model_dir, redis):
+    one = engine(model_dir, redis.url)
+    serve(one, "a", PROMPT)
+    settle(one)
+    one.connector.shutdown()  # the replica goes away; its CPU tier with it
+
+    restarted = engine(model_dir, redis.url)
+    assert serve(restarted, "a-again", PROMPT) == 60
+
+
+@pytest.mark.parametrize(
+    "field,value", [("namespace", "tiny-llama@other-weights"), ("block_size", 8)]
+)
+def test_replicas_with_another_identity_share_nothing(model_dir, redis, field, value):
+    one = engine(model_dir, redis.url)
+    serve(one, "a", PROMPT)
+    settle(one)
+    if field == "namespace":
+        other = engine(model_dir, redis.url, namespace=value)
+    else:
+        other = make_tiering_rig(model_dir, [redis_tier_entry(redis.url)], chunk_tokens=value)
+    assert serve(other, "b", PROMPT) == 0
+
+
+def test_server_absent_at_start_up_warns_and_serves(model_dir, caplog):
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    with caplog.at_level(logging.WARNING, logger="kvoffload.vllm.redis_tier"):
+        rig = engine(model_dir, url, connect_timeout_s=0.2)
+    assert "unreachable" in caplog.text
+    assert serve(rig, "a", PROMPT) == 0
+    assert rig.outputs["a"]  # the engine served from the GPU alone
+    settle(rig)
+
+
+def test_server_killed_before_a_load_recomputes_and_recovers(model_dir, redis):
+    one = engine(model_dir, redis.url, breaker_cooldown_s=0.2)
+    serve(one, "a", PROMPT)
+    settle(one)
+
+    two = engine(model_dir, redis.url, breaker_cooldown_s=0.2)
+    tier = redis_tier(two)
+    submit_load = tier.submit_load
+
+    def kill_then_load(job):
+        redis.stop()
+        submit_load(job)
+
+    tier.submit_load = kill_then_load
+    assert serve(two, "b", PROMPT) == 0  # the promotion failed: everything recomputed, and checked
+    assert two.checked_positions["b"] >= 60
+    tier.submit_load = submit_load
+
+    redis.start()  # same port, empty (no persistence)
+    time.sleep(0.5)
+    fresh = prompt(8, 60)
+    serve(two, "c", fresh)
+    settle(two)
+    assert len(chunk_keys(redis)) == 5  # stores reach the restarted server again
+    three = engine(model_dir, redis.url)
+    assert serve(three, "d", fresh) == 60
+
+
+def test_frozen_server_fails_jobs_by_their_deadline_and_recovers(model_dir, redis):
+    options = {"job_timeout_s": 0.3, "breaker_cooldown_s": 0.3}
+    one = engine(model_dir, redis.url, **options)
+    serve(one, "a", PROMPT)
+    settle(one)
+
+    two = engine(model_dir, redis.url, **options)
+    redis.freeze()
+    try:
+        started = time.monotonic()
+        assert serve(two, "b", PROMPT) == 0  # lookups time out: a miss, computed
+        redis_tier(two).drain_jobs()
+        assert time.monotonic() - started < 10
+        assert redis_tier(two).stats()["timeouts"] >= 1
+    finally:
+        redis.thaw()
+    time.sleep(0.5)
+    three = engine(model_dir, redis.url, **options)
+    assert serve(three, "c", PROMPT) == 60
+
+
+def test_corrupt_value_is_a_miss_and_deleted(model_dir, redis):
+    one = engine(model_dir, redis.url)
+    serve(one, "a", PROMPT)
+    settle(one)
+    keys = chunk_keys(redis)
+    # Flip one payload byte of every stored chunk (past the 64-byte header).
+    for key in keys:
+        redis.command("SETRANGE", key, 100, b"\xff")
+
+    two = engine(model_dir, redis.url)
+    assert serve(two, "b", PROMPT) == 0  # nothing wrong served: computed and checked instead
+    assert two.checked_positions["b"] >= 60
+    assert redis_tier(two).stats()["corrupt"] == 5
+    # Each bad value was deleted, so engine 2's own store of the prompt replaced it (SET NX would
+    # have kept a bad one): a third engine loads good KV.
+    settle(two)
+    three = engine(model_dir, redis.url)
+    assert serve(three, "c", PROMPT) == 60
+
+
+def test_noeviction_store_failures_do_not_stop_the_engine(model_dir):
+    with redis_server("--maxmemory", "1500000", "--maxmemory-policy", "noeviction") as server:
+        rig = engine(model_dir, server.url)
+        for i in range(12):
+            serve(rig, f"r{i}", prompt(100 + i, 60))
+        settle(rig)
+        assert redis_tier(rig).stats()["store_failures"] >= 1
+        assert all(rig.outputs[f"r{i}"] for i in range(12))
+
+
+def test_allkeys_lru_holes_end_the_prefix(model_dir):
+    with redis_server("--maxmemory", "1500000", "--maxmemory-policy", "allkeys-lru") as server:
+        one = engine(model_dir, server.url)
+        prompts = [prompt(200 + i, 60) for i in range(16)]
+        for i, p in enumerate(prompts):
+            serve(one, f"r{i}", p)
+        settle(one)
+        two = engine(model_dir, server.url)
+        hits = [serve(two, f"s{i}", p) for i, p in enumerate(prompts)]
+        assert all(h % 12 == 0 and h <= 60 for h in hits)  # whole-chunk prefixes, all checked
+        assert redis_tier(two).stats()["corrupt"] == 0
+
+
+def test_wrong_password_stops_start_up(model_dir):
+    with redis_server(password="right") as server:
+        bad = f"redis://:wrong@127.0.0.1:{server.port}/0"
+        with pytest.raises(ConfigError, match="url="):
+            engine(model_dir, bad)
+        good = engine(model_dir, server.url)
+        assert serve(good, "a", PROMPT) == 0
+
+
+@pytest.mark.parametrize(
+    "entry,match",
+    [
+        ({"namespace": "x"}, "url="),
+        ({"url": "redis://127.0.0.1:1/0"}, "namespace="),
+        ({"url": "http://127.0.0.1:1", "namespace": "x"}, "url="),
+        ({"url": "redis://127.0.0.1:1/0", "namespace": "x", "conections": 2}, "conections"),
+        ({"url": "redis://127.0.0.1:1/0", "namespace": "x", "connections": 0}, "connections=0"),
+        ({"url": "redis://127.0.0.1:1/0", "namespace": "x", "ttl_s": -1}, "ttl_s=-1"),
+    ],
+)
+def test_bad_entries_stop_start_up_naming_the_key(model_dir, entry, match):
+    tier = {"type": "RedisTier", "module_path": "kvoffload.vllm", **entry}
+    with pytest.raises(ConfigError, match=match):
+        make_tiering_rig(model_dir, [tier])
