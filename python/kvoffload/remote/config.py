@@ -120,7 +120,7 @@ class RemoteTierConfig:
 
     @property
     def masked_url(self) -> str:
-        return _masked(self.url)
+        return str(_masked(self.url))
 
 
 def _masked(url: object) -> object:

@@ -263,6 +263,11 @@ class RedisTier(SecondaryTierManager):
         stats.set_gauge(_METRIC + "breaker_state", _BREAKER_STATES[self._client.state], label)
         return stats
 
+    @property
+    def state(self) -> str:
+        """The data connections' circuit breaker: "up", "half-open" or "down"."""
+        return self._client.state
+
     def stats(self) -> dict[str, int]:
         """The data path's counters (both connections), for tests and logs."""
         data, lookups = self._client.stats(), self._lookup_client.stats()
