@@ -186,6 +186,37 @@ def scheduler_thread(url: str, n_keys: int, reps: int) -> tuple[float, float, fl
     return float(np.median(per_key)), float(np.median(flush)), float(np.median(poll))
 
 
+def faults(server: object, pool: np.ndarray) -> tuple[float, float, float]:
+    """A frozen server (SIGSTOP): seconds until a 1-chunk load fails, and that job's deadline
+    (`job_timeout_s` + bytes / `min_bandwidth_mb_s`, defaults); then a dead server, down until
+    the breaker opens, restarted on the same port: seconds from its first PING to the first
+    store that succeeds again (defaults: breaker cool-down 2 s, reconnect backoff up to 1 s)."""
+    c = RemoteClient(
+        RemoteTierConfig.from_dict({"url": server.url, "namespace": "faults"}),  # type: ignore[attr-defined]
+        b"\x02" * 16,
+        CHUNK,
+    )
+    finish(c, c.store(keys(1, "f"), pool, [0]))
+    deadline = c.config.job_timeout_s + CHUNK / (c.config.min_bandwidth_mb_s * 1e6)
+    server.freeze()  # type: ignore[attr-defined]
+    t = time.perf_counter()
+    assert finish(c, c.load(keys(1, "f"), pool, [0])) != bytes([OK])
+    detected = time.perf_counter() - t
+    server.thaw()  # type: ignore[attr-defined]
+    server.stop()  # type: ignore[attr-defined]
+    while c.state != "down":  # down long enough for the breaker to open
+        finish(c, c.store(keys(1, "while-down"), pool, [0]))
+    server.start()  # type: ignore[attr-defined]
+    t = time.perf_counter()
+    i = 0
+    while finish(c, c.store(keys(1, f"back{i}"), pool, [0])) != bytes([OK]):
+        i += 1
+        time.sleep(0.01)
+    recovered = time.perf_counter() - t
+    c.close()
+    return detected, deadline, recovered
+
+
 def memory_ratio(server: object, n: int) -> float:
     c = make_client(server.url)  # type: ignore[attr-defined]
     pool = np.random.default_rng(0).integers(0, 256, (n, CHUNK), dtype=np.uint8)
@@ -245,6 +276,7 @@ def test_remote_data_path(benchmark):
             res["lookup"] = lookup_and_submit(server.url, 1000, 20 if full else 2)
             res["sched"] = scheduler_thread(server.url, 1000, 20 if full else 2)
             res["mem"] = memory_ratio(server, 32 if full else 2)
+            res["faults"] = faults(server, pool)
             res["pause"] = worst_python_pause(server.url, pool, 2.0 if full else 0.2)
             return res
 
@@ -273,6 +305,12 @@ def test_remote_data_path(benchmark):
     print(
         f"scheduler thread, 1,000-key step: lookup {per_key * 1e6:.2f} us per key, flush "
         f"{flush * 1e6:.1f} us, poll {poll * 1e6:.1f} us"
+    )
+    detected, deadline, recovered = res["faults"]
+    print(
+        f"frozen server: a 1-chunk load failed after {detected:.2f} s (its deadline "
+        f"{deadline:.2f} s); a dead server restarted with the breaker open: the first store "
+        f"succeeded {recovered:.2f} s after the server answered PING"
     )
     print(f"Redis used_memory per chunk / payload: {res['mem']:.4f}")
     print(f"worst pause of a Python thread during 2 s of jobs: {res['pause'] * 1e3:.1f} ms")
