@@ -160,7 +160,7 @@ def test_bad_arguments_are_refused_before_any_io(redis):
     "entry,match",
     [
         ({"url": "redis://127.0.0.1:6379/0"}, "namespace="),
-        ({"url": "tcp://x", "namespace": "n"}, "url="),
+        ({"url": "", "namespace": "n"}, "url="),
         ({"url": "redis://127.0.0.1:6379/0", "namespace": "n", "connections": 65}, "connections"),
         (
             {"url": "redis://127.0.0.1:6379/0", "namespace": "n", "job_timeout_s": True},
@@ -172,6 +172,22 @@ def test_bad_arguments_are_refused_before_any_io(redis):
 def test_config_errors_name_the_key(entry, match):
     with pytest.raises(ConfigError, match=match):
         RemoteTierConfig.from_dict(entry)
+
+
+@pytest.mark.parametrize(
+    "url,match",
+    [
+        ("tcp://x:1", "unknown scheme"),
+        ("rediss://x:1", "TLS is not supported"),
+        ("redis://x:99999", "port"),
+        ("redis://:secret@x:1/abc", "database"),
+    ],
+)
+def test_bad_urls_stop_start_up_with_the_grammar(url, match):
+    config = RemoteTierConfig.from_dict({"url": url, "namespace": "n"})
+    with pytest.raises(ConfigError, match=match) as err:
+        RemoteClient(config, IDENTITY.digest(), CHUNK)
+    assert "secret" not in str(err.value)
 
 
 def test_password_is_masked_in_messages():

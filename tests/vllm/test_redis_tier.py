@@ -208,7 +208,7 @@ def test_wrong_password_stops_start_up(model_dir):
     [
         ({"namespace": "x"}, "url="),
         ({"url": "redis://127.0.0.1:1/0"}, "namespace="),
-        ({"url": "http://127.0.0.1:1", "namespace": "x"}, "url="),
+        ({"url": "http://127.0.0.1:1", "namespace": "x"}, "unknown scheme"),
         ({"url": "redis://127.0.0.1:1/0", "namespace": "x", "conections": 2}, "conections"),
         ({"url": "redis://127.0.0.1:1/0", "namespace": "x", "connections": 0}, "connections=0"),
         ({"url": "redis://127.0.0.1:1/0", "namespace": "x", "ttl_s": -1}, "ttl_s=-1"),

@@ -9,7 +9,6 @@ from typing import Any
 
 from kvoffload.errors import ConfigError
 
-_SCHEMES = ("redis://", "unix://")
 # Keys vLLM's tier factory reads (or passes on) itself: not ours, not unknown either.
 _VLLM_KEYS = frozenset({"type", "module_path", "backpressure", "locality"})
 
@@ -74,9 +73,10 @@ class RemoteTierConfig:
                 f"{', '.join(sorted(cls.__dataclass_fields__))}"
             )
         url = entry.get("url")
-        if not isinstance(url, str) or not url.startswith(_SCHEMES):
+        # Its grammar is checked where it is parsed, in the Rust data path (RemoteClient).
+        if not isinstance(url, str) or not url:
             raise ConfigError(
-                f"secondary tier url={_masked(url)!r} is invalid: expected "
+                f"secondary tier url={_masked(url)!r} is invalid: it is required, e.g. "
                 "'redis://[user:password@]host:port[/db]' or 'unix:///path/to.sock[?db=N]'"
             )
         namespace = entry.get("namespace")
