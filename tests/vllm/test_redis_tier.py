@@ -22,8 +22,8 @@ from redis_server import RedisServer, free_port, redis_server
 PROMPT = prompt(7, 60)
 
 
-def engine(model_dir: str, url: str, **entry_options: object) -> Rig:
-    return make_tiering_rig(model_dir, [redis_tier_entry(url, **entry_options)])
+def engine(model_dir: str, url: str, is_async: bool = False, **entry_options: object) -> Rig:
+    return make_tiering_rig(model_dir, [redis_tier_entry(url, **entry_options)], is_async=is_async)
 
 
 def settle(rig: Rig) -> None:
@@ -52,19 +52,33 @@ def chunk_keys(server: RedisServer) -> list[bytes]:
     return [k for k in server.keys() if k.endswith(b":h") and b"canary" not in k]
 
 
-def test_engine_two_loads_what_engine_one_computed(model_dir, redis):
-    one = engine(model_dir, redis.url)
+def test_engine_two_loads_what_engine_one_computed(model_dir, redis, is_async):
+    one = engine(model_dir, redis.url, is_async)
     assert serve(one, "a", PROMPT) == 0
     settle(one)
     assert len(chunk_keys(redis)) == 5  # every full prompt chunk reached the shared tier
 
-    two = engine(model_dir, redis.url)
+    two = engine(model_dir, redis.url, is_async)
     assert serve(two, "b", PROMPT) == 60
     assert two.checked_positions["b"] >= 60  # the loaded positions were checked byte for byte
     assert redis_tier(two).stats()["corrupt"] == 0
     # The same hit as engine 1's own CPU tier gives it for the same prompt.
     one.reset_gpu_prefix_cache()
     assert serve(one, "a2", PROMPT) == 60
+
+
+def test_engine_two_hits_every_chunk_engine_one_stored(model_dir, redis):
+    prompts = [prompt(300 + i, 24 + 12 * (i % 4)) for i in range(16)]  # 2 to 5 chunks each
+    one = engine(model_dir, redis.url)
+    for i, p in enumerate(prompts):
+        serve(one, f"a{i}", p)
+    settle(one)
+    stored = len(chunk_keys(redis))
+    assert stored == sum(len(p) // 12 for p in prompts) == 56
+    two = engine(model_dir, redis.url)
+    hits = [serve(two, f"b{i}", p) for i, p in enumerate(prompts)]
+    assert hits == [len(p) for p in prompts]  # every chunk, every prompt: 672 tokens
+    assert redis_tier(two).stats()["loaded_chunks"] == stored
 
 
 def test_a_restarted_engine_loads_from_the_shared_tier(model_dir, redis):
