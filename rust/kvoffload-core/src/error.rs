@@ -1,19 +1,26 @@
 use std::fmt;
 
 /// Every way a store or chunk call can refuse its input. A call that returns an error has changed
-/// nothing.
+/// nothing. A variant carries all its message needs, so this module depends on no other.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
-    /// `keys[index]` has a length outside `1..=MAX_KEY_LEN`.
-    InvalidKeyLength { index: usize, len: usize },
+    /// `keys[index]` has a length outside `1..=max` (`MAX_KEY_LEN`).
+    InvalidKeyLength {
+        index: usize,
+        len: usize,
+        max: usize,
+    },
     /// A numeric argument is outside its allowed range.
     InvalidArgument {
         name: &'static str,
         value: String,
         allowed: &'static str,
     },
-    /// An eviction policy name that is not one of `POLICY_NAMES`.
-    UnknownPolicy(String),
+    /// An eviction policy name that is not one of `allowed` (`POLICY_NAMES`).
+    UnknownPolicy {
+        name: String,
+        allowed: &'static [&'static str],
+    },
     /// Memory for `what` (about `bytes` bytes) could not be allocated; nothing changed.
     OutOfMemory { what: &'static str, bytes: usize },
     /// `check_invariants` found the store inconsistent (a bug): what is broken.
@@ -32,10 +39,9 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::InvalidKeyLength { index, len } => write!(
+            Error::InvalidKeyLength { index, len, max } => write!(
                 f,
-                "keys[{index}] has length {len}; keys must be 1..={} bytes",
-                crate::key::MAX_KEY_LEN
+                "keys[{index}] has length {len}; keys must be 1..={max} bytes"
             ),
             Error::InvalidArgument {
                 name,
@@ -44,10 +50,10 @@ impl fmt::Display for Error {
             } => {
                 write!(f, "{name}={value} is invalid; allowed: {allowed}")
             }
-            Error::UnknownPolicy(name) => write!(
+            Error::UnknownPolicy { name, allowed } => write!(
                 f,
                 "eviction_policy={name:?} is unknown; valid policies: {}",
-                crate::policy::POLICY_NAMES.join(", ")
+                allowed.join(", ")
             ),
             Error::OutOfMemory { what, bytes } => {
                 write!(

@@ -39,7 +39,11 @@ pub fn validate_keys<K: AsRef<[u8]>>(keys: &[K]) -> Result<()> {
     for (index, key) in keys.iter().enumerate() {
         let len = key.as_ref().len();
         if len == 0 || len > MAX_KEY_LEN {
-            return Err(Error::InvalidKeyLength { index, len });
+            return Err(Error::InvalidKeyLength {
+                index,
+                len,
+                max: MAX_KEY_LEN,
+            });
         }
     }
     Ok(())

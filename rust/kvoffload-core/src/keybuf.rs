@@ -1,9 +1,9 @@
 //! `KeyBuf`: many keys in one contiguous buffer, so a request's chunk keys cost two allocations
 //! in all and a batch call borrows them without copying.
 
-use crate::chunk::append_chunk_keys;
+use crate::chunk::{positive, GROUP_SUFFIX_LEN};
 use crate::error::{Error, Result};
-use crate::key::validate_keys;
+use crate::key::{validate_keys, MAX_KEY_LEN};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyBuf {
@@ -40,6 +40,7 @@ impl KeyBuf {
         validate_keys(&[key]).map_err(|_| Error::InvalidKeyLength {
             index: self.len(),
             len: key.len(),
+            max: MAX_KEY_LEN,
         })?;
         self.push_unchecked(key);
         Ok(())
@@ -159,9 +160,68 @@ impl KeyBuf {
     }
 }
 
+/// Appends to `out` the keys of the complete chunks in `block_hashes`, one per chunk: the block
+/// hash of the chunk's last GPU block (index `(i+1)*blocks_per_chunk - 1`) followed by the
+/// big-endian group index (vLLM's `OffloadKey`). `block_hashes[0]` is the request's block
+/// `first_block` (only for error messages). On error `out` is unchanged.
+fn append_chunk_keys<H: AsRef<[u8]>>(
+    out: &mut KeyBuf,
+    block_hashes: &[H],
+    blocks_per_chunk: usize,
+    group_idx: u32,
+    first_block: usize,
+) -> Result<()> {
+    positive("blocks_per_chunk", blocks_per_chunk as u64)?;
+    let num_chunks = block_hashes.len() / blocks_per_chunk;
+    let last_blocks = || (0..num_chunks).map(|i| (i + 1) * blocks_per_chunk - 1);
+    for index in last_blocks() {
+        let len = block_hashes[index].as_ref().len();
+        if len == 0 || len + GROUP_SUFFIX_LEN > MAX_KEY_LEN {
+            let index = first_block.saturating_add(index);
+            return Err(Error::InvalidArgument {
+                name: "block_hashes",
+                value: format!("an entry of {len} bytes at index {index}"),
+                allowed: "block hashes of 1..=60 bytes (60 + 4-byte group index = 64-byte key)",
+            });
+        }
+    }
+    let suffix = group_idx.to_be_bytes();
+    out.reserve(
+        num_chunks,
+        block_hashes.first().map_or(0, |h| h.as_ref().len()) + GROUP_SUFFIX_LEN,
+    );
+    for index in last_blocks() {
+        out.push_concat_unchecked(block_hashes[index].as_ref(), &suffix);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_take_the_last_hash_of_each_chunk_plus_group() {
+        let hashes: Vec<Vec<u8>> = (0u8..7).map(|i| vec![i; 2]).collect();
+        let mut buf = KeyBuf::new();
+        append_chunk_keys(&mut buf, &hashes, 3, 1, 0).unwrap();
+        assert_eq!(
+            buf.slices(0, 9),
+            vec![[2u8, 2, 0, 0, 0, 1].as_slice(), &[5, 5, 0, 0, 0, 1]]
+        );
+        append_chunk_keys(&mut buf, &hashes[3..], 3, 1, 3).unwrap();
+        assert_eq!(buf.len(), 3);
+        append_chunk_keys(&mut buf, &hashes[5..], 3, 1, 5).unwrap();
+        assert_eq!(buf.len(), 3);
+        assert!(append_chunk_keys(&mut buf, &hashes, 0, 0, 0).is_err());
+        let err = append_chunk_keys(&mut buf, &[vec![0u8; 61]], 1, 0, 40).unwrap_err();
+        assert!(
+            err.to_string().contains("an entry of 61 bytes at index 40"),
+            "{err}"
+        );
+        assert!(append_chunk_keys(&mut buf, &[vec![0u8; 0]], 1, 0, 0).is_err());
+        assert_eq!(buf.len(), 3);
+    }
 
     #[test]
     fn slices_gather_and_get() {

@@ -66,7 +66,10 @@ impl FromStr for PolicyKind {
         match s {
             "lru" => Ok(PolicyKind::Lru),
             "arc" => Ok(PolicyKind::Arc),
-            _ => Err(Error::UnknownPolicy(s.to_owned())),
+            _ => Err(Error::UnknownPolicy {
+                name: s.to_owned(),
+                allowed: POLICY_NAMES,
+            }),
         }
     }
 }

@@ -7,7 +7,7 @@
 //! validity instead (right number, each one ready, unpinned and not offered in the same call).
 
 use kvoffload_core::{
-    Error, Event, EventKind, KeyBuf, KeyStatus, PolicyKind, Stats, Store, StorePlan,
+    Error, Event, EventKind, KeyBuf, KeyStatus, PolicyKind, Stats, Store, StorePlan, MAX_KEY_LEN,
 };
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -656,7 +656,8 @@ fn run(policy: PolicyKind, n: u32, events_on: bool, ops: &[Op]) {
                     err,
                     Error::InvalidKeyLength {
                         index: at,
-                        len: bad_len
+                        len: bad_len,
+                        max: MAX_KEY_LEN
                     }
                 );
                 assert_unchanged(&store, &before, "a call with a bad key");

@@ -29,7 +29,7 @@ pub(crate) fn to_py(err: Error) -> PyErr {
     match err {
         Error::InvalidKeyLength { .. }
         | Error::InvalidArgument { .. }
-        | Error::UnknownPolicy(_) => PyValueError::new_err(err.to_string()),
+        | Error::UnknownPolicy { .. } => PyValueError::new_err(err.to_string()),
         Error::InvalidState { .. } => InvalidStateError::new_err(err.to_string()),
         Error::OutOfMemory { .. } => PyMemoryError::new_err(err.to_string()),
         Error::BrokenInvariant(_) => KVOffloadError::new_err(err.to_string()),
