@@ -144,6 +144,19 @@ def test_absent_server_starts_down_and_fails_fast(redis):
     assert finish(c, c.load(keys(1), pool(1, 7), [0])) == bytes([FAILED])
 
 
+def test_stores_beyond_the_in_flight_budget_are_dropped(redis):
+    c = client(redis.url, max_store_bytes_in_flight=CHUNK, connections=1)
+    buf = pool(2, 9)
+    redis.freeze()
+    try:
+        first = c.store(keys(1), buf, [0])
+        assert finish(c, c.store(keys(1, salt=1), buf, [CHUNK])) == bytes([DROPPED])
+    finally:
+        redis.thaw()
+    assert finish(c, first) == bytes([OK])
+    assert c.stats()["stores_dropped"] == 1
+
+
 def test_bad_arguments_are_refused_before_any_io(redis):
     c = client(redis.url)
     buf = pool(2, 8)

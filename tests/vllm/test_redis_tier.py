@@ -27,10 +27,9 @@ def engine(model_dir: str, url: str, is_async: bool = False, **entry_options: ob
 
 
 def settle(rig: Rig) -> None:
-    """Lets the cascade (CPU -> Redis) of what the engine stored finish."""
-    tier = redis_tier(rig)
-    tier.drain_jobs()
-    list(tier.get_finished_jobs())
+    """Lets the cascade (CPU -> Redis) of what the engine stored finish; the engine's manager
+    takes the results at its next step."""
+    redis_tier(rig).drain_jobs()
 
 
 def serve(rig: Rig, rid: str, tokens: list[int], max_tokens: int = 2) -> int:
@@ -46,6 +45,21 @@ def until_probing(rig: Rig) -> None:
     while redis_tier(rig).state == "down":
         assert time.monotonic() < deadline, "the breaker never left 'down'"
         time.sleep(0.05)
+
+
+def record(tier: object, method: str) -> list:
+    """Wraps `tier.method` to keep what each call returned."""
+    calls: list = []
+    inner = getattr(tier, method)
+
+    def wrapper(*args: object) -> object:
+        out = inner(*args)
+        out = list(out) if method == "take_events" else out
+        calls.append(out)
+        return out
+
+    setattr(tier, method, wrapper)
+    return calls
 
 
 def chunk_keys(server: RedisServer) -> list[bytes]:
@@ -175,9 +189,12 @@ def test_corrupt_value_is_a_miss_and_deleted(model_dir, redis):
         redis.command("SETRANGE", key, 100, b"\xff")
 
     two = engine(model_dir, redis.url)
+    reported = record(redis_tier(two), "get_stats")  # what vLLM's stats logger receives
     assert serve(two, "b", PROMPT) == 0  # nothing wrong served: computed and checked instead
     assert two.checked_positions["b"] >= 60
     assert redis_tier(two).stats()["corrupt"] == 5
+    corrupt = [s.data["data"].get("kvoffload:redis_tier_corrupt") for s in reported]
+    assert sum(c[("RedisTier",)] for c in corrupt if c) == 5
     # Each bad value was deleted, so engine 2's own store of the prompt replaced it (SET NX would
     # have kept a bad one): a third engine loads good KV.
     settle(two)
@@ -206,6 +223,19 @@ def test_allkeys_lru_holes_end_the_prefix(model_dir):
         hits = [serve(two, f"s{i}", p) for i, p in enumerate(prompts)]
         assert all(h % 12 == 0 and h <= 60 for h in hits)  # whole-chunk prefixes, all checked
         assert redis_tier(two).stats()["corrupt"] == 0
+
+
+def test_stores_reaching_redis_are_kv_events(model_dir, redis):
+    rig = make_tiering_rig(
+        model_dir, [redis_tier_entry(redis.url, enable_kv_events=True)], enable_events=True
+    )
+    taken = record(redis_tier(rig), "take_events")  # what vLLM publishes, step by step
+    serve(rig, "a", PROMPT)
+    settle(rig)
+    serve(rig, "b", prompt(1, 8))  # later steps take the finished cascade and publish it
+    events = [e for batch in taken for e in batch]
+    assert sum(len(e.keys) for e in events) == 5
+    assert all(e.medium.value == "STORAGE" and not e.removed for e in events)
 
 
 def test_wrong_password_stops_start_up(model_dir):
