@@ -119,6 +119,45 @@ def test_replicas_with_another_identity_share_nothing(model_dir, redis, field, v
     assert serve(other, "b", PROMPT) == 0
 
 
+def test_tiers_built_before_none_hash_exists_check_the_seed_at_the_first_step(
+    model_dir, redis, monkeypatch
+):
+    from vllm.v1.core import kv_cache_utils
+
+    none_hash = kv_cache_utils.NONE_HASH
+    monkeypatch.delattr(kv_cache_utils, "NONE_HASH")  # as in vLLM's EngineCore: set later
+    rig = engine(model_dir, redis.url)
+    assert not [k for k in redis.keys() if b"canary" in k]
+    monkeypatch.setattr(kv_cache_utils, "NONE_HASH", none_hash, raising=False)
+    serve(rig, "a", PROMPT)
+    redis_tier(rig).shutdown()  # joins the canary's thread
+    (canary,) = [k for k in redis.keys() if b"canary" in k]
+    assert redis.command("GET", canary) == bytes(none_hash)
+
+
+def test_a_replica_with_another_hash_seed_is_warned(model_dir, redis, caplog):
+    one = engine(model_dir, redis.url)
+    serve(one, "a", PROMPT)
+    redis_tier(one).shutdown()
+    (canary,) = [k for k in redis.keys() if b"canary" in k]
+    redis.command("SET", canary, b"another-seed")  # what a replica with another seed wrote
+    two = engine(model_dir, redis.url)
+    with caplog.at_level(logging.WARNING, logger="kvoffload.vllm.redis_tier"):
+        serve(two, "b", prompt(2, 8))
+        redis_tier(two).shutdown()
+    assert "different seed" in caplog.text and "PYTHONHASHSEED" in caplog.text
+
+
+def test_a_full_server_does_not_stop_start_up(model_dir):
+    with redis_server("--maxmemory", "1200000", "--maxmemory-policy", "noeviction") as server:
+        i = 0
+        while server.command("SET", f"fill{i}", b"x" * 4096) == b"OK":
+            i += 1
+        rig = engine(model_dir, server.url)  # the canary's SET is refused (OOM): a warning
+        assert serve(rig, "a", PROMPT) == 0
+        redis_tier(rig).shutdown()
+
+
 def test_server_absent_at_start_up_warns_and_serves(model_dir, caplog):
     url = f"redis://127.0.0.1:{free_port()}/0"
     with caplog.at_level(logging.WARNING, logger="kvoffload.vllm.redis_tier"):
@@ -256,6 +295,7 @@ def test_wrong_password_stops_start_up(model_dir):
         ({"url": "redis://127.0.0.1:1/0", "namespace": "x", "conections": 2}, "conections"),
         ({"url": "redis://127.0.0.1:1/0", "namespace": "x", "connections": 0}, "connections=0"),
         ({"url": "redis://127.0.0.1:1/0", "namespace": "x", "ttl_s": -1}, "ttl_s=-1"),
+        ({"url": "redis://127.0.0.1:1/0", "namespace": "x", "locality": "near"}, "locality="),
     ],
 )
 def test_bad_entries_stop_start_up_naming_the_key(model_dir, entry, match):

@@ -98,7 +98,7 @@ class RemoteTierConfig:
             breaker_cooldown_s=_number(entry, "breaker_cooldown_s", 2.0, 0.01, 600.0),
             ttl_s=None if ttl is None else _number(entry, "ttl_s", 0.0, 0.001, 10.0 * 365 * 86400),
             max_store_bytes_in_flight=_integer(
-                entry, "max_store_bytes_in_flight", 1 << 30, 1, 1 << 44
+                entry, "max_store_bytes_in_flight", 1 << 30, 1, 1 << 40
             ),
             touch_on_hit=_flag(entry, "touch_on_hit", True),
             enable_kv_events=_flag(entry, "enable_kv_events", False),

@@ -25,6 +25,8 @@ class _Verdict:
 
 
 class RemoteLookups:
+    """Give it a `RemoteClient` of its own: it takes every completion the client has."""
+
     def __init__(self, client: RemoteClient) -> None:
         self._client = client
         self._verdicts: dict[bytes, _Verdict] = {}

@@ -9,6 +9,7 @@ threads, without the GIL. Every call here runs on the scheduler thread and only 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -38,6 +39,7 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
+from kvoffload.errors import ConfigError
 from kvoffload.remote import EXISTS, OK, RemoteClient, RemoteLookups, RemoteTierConfig, TierIdentity
 
 if TYPE_CHECKING:
@@ -55,7 +57,10 @@ _COUNTERS = {
     "load_missing": "Chunks a load found absent (evicted after the lookup, or a hole).",
 }
 _METRIC = "kvoffload:redis_tier_"
-_BREAKER_STATES = {"up": 0, "half-open": 1, "down": 2}
+# The encoding of the data path's own `breaker_state` stat.
+_BREAKER_STATES = {"up": 0, "down": 1, "half-open": 2}
+# Gauges of the data path's stats, not counters: never summed over the two clients.
+_GAUGES = frozenset({"jobs_in_flight", "store_bytes_in_flight", "breaker_state"})
 
 
 class RedisTier(SecondaryTierManager):
@@ -75,7 +80,7 @@ class RedisTier(SecondaryTierManager):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         config = RemoteTierConfig.from_dict(entry)
         self.config = config
-        self.locality = Locality(entry.get("locality", Locality.REMOTE.value))
+        self.locality = _locality(entry.get("locality", Locality.REMOTE.value))
         chunk_bytes = self.block_size_bytes
         digest = identity_of(offloading_spec, config.namespace, chunk_bytes).digest()
         self._client = RemoteClient(config, digest, chunk_bytes)
@@ -91,9 +96,7 @@ class RedisTier(SecondaryTierManager):
         if config.enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events:
             self._events = []
         self._reported = {name: 0 for name in _COUNTERS}
-        self._check_startup()
-
-    def _check_startup(self) -> None:
+        self._canary: threading.Thread | None = None
         if self._client.startup_error is not None:
             logger.warning(
                 "RedisTier %s is unreachable (%s): the engine serves without the shared tier "
@@ -101,10 +104,34 @@ class RedisTier(SecondaryTierManager):
                 self.config.masked_url,
                 self._client.startup_error,
             )
+
+    def _start_canary(self) -> None:
+        """Checks, once, that the replicas sharing the namespace hash blocks alike. vLLM builds
+        the tiers before it sets NONE_HASH, so this waits for the first step, and runs on a
+        thread of its own: a network round trip has no place on the scheduler thread."""
+        none_hash = getattr(kv_cache_utils, "NONE_HASH", None)
+        if none_hash is None or self._canary is not None:
             return
-        none_hash = bytes(kv_cache_utils.NONE_HASH)
-        outcome, theirs = self._client.canary(_CANARY, none_hash)
-        if outcome == "differs":
+        self._canary = threading.Thread(
+            target=self._check_canary,
+            args=(bytes(none_hash),),
+            name="kvoffload-canary",
+            daemon=True,
+        )
+        self._canary.start()
+
+    def _check_canary(self, none_hash: bytes) -> None:
+        try:
+            outcome, theirs = self._client.canary(_CANARY, none_hash)
+        except Exception as exc:  # a full or read-only server must not stop the engine
+            outcome, theirs = "down", str(exc).encode()
+        if outcome == "down":
+            logger.info(
+                "RedisTier %s: hash-seed canary not checked (%s)",
+                self.config.masked_url,
+                (theirs or b"").decode(errors="replace"),
+            )
+        elif outcome == "differs":
             logger.warning(
                 "RedisTier %s namespace %r: another replica hashes blocks from a different seed "
                 "(NONE_HASH %s here, %s there), so no prefix will be shared between them. Set the "
@@ -227,6 +254,8 @@ class RedisTier(SecondaryTierManager):
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._lookups.flush()
+        if self._canary is None:
+            self._start_canary()
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self._events:
@@ -246,37 +275,52 @@ class RedisTier(SecondaryTierManager):
             for name, doc in _COUNTERS.items()
         }
         metrics[_METRIC + "breaker_state"] = OffloadingGaugeMetadata(
-            documentation="The shared tier's circuit breaker: 0 up, 1 half-open, 2 down.",
+            documentation="The shared tier's circuit breaker: 0 up, 1 down, 2 half-open.",
             labelnames=labels,
         )
         return metrics
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         stats = OffloadingConnectorStats()
-        now = self._client.stats()
+        now = self.stats()
         label = (self.tier_type,)
         for name in _COUNTERS:
             delta = now[name] - self._reported[name]
             if delta:
                 stats.increase_counter(_METRIC + name, delta, label)
                 self._reported[name] = now[name]
-        stats.set_gauge(_METRIC + "breaker_state", _BREAKER_STATES[self._client.state], label)
+        stats.set_gauge(_METRIC + "breaker_state", _BREAKER_STATES[self.state], label)
         return stats
 
     @property
     def state(self) -> str:
-        """The data connections' circuit breaker: "up", "half-open" or "down"."""
-        return self._client.state
+        """The worse circuit breaker of the data and lookup connections: "up", "half-open" or
+        "down"."""
+        states = {self._client.state, self._lookup_client.state}
+        return next(s for s in ("down", "half-open", "up") if s in states)
 
     def stats(self) -> dict[str, int]:
-        """The data path's counters (both connections), for tests and logs."""
+        """The data path's counters, summed over the data and lookup connections (the gauges:
+        the data connections' only)."""
         data, lookups = self._client.stats(), self._lookup_client.stats()
-        return {k: data[k] + lookups.get(k, 0) for k in data}
+        return {k: v if k in _GAUGES else v + lookups.get(k, 0) for k, v in data.items()}
 
     def shutdown(self) -> None:
+        if self._canary is not None:
+            self._canary.join(timeout=self.config.connect_timeout_s)
         self.drain_jobs()
         self._client.close()
         self._lookup_client.close()
+
+
+def _locality(value: object) -> Locality:
+    try:
+        return Locality(value)
+    except ValueError:
+        raise ConfigError(
+            f"secondary tier locality={value!r} is invalid: expected one of "
+            f"{', '.join(repr(m.value) for m in Locality)}"
+        ) from None
 
 
 def identity_of(spec: OffloadingSpec, namespace: str, chunk_bytes: int) -> TierIdentity:
