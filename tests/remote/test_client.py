@@ -203,6 +203,9 @@ def test_bad_urls_stop_start_up_with_the_grammar(url, match):
     assert "secret" not in str(err.value)
 
 
-def test_password_is_masked_in_messages():
-    config = RemoteTierConfig.from_dict({"url": "redis://u:secret@h:1/0", "namespace": "n"})
-    assert "secret" not in config.masked_url
+@pytest.mark.parametrize(
+    "url", ["redis://u:secret@h:1/0", "redis://u:p@secret@h:1/0", "unix:///s.sock?password=secret"]
+)
+def test_password_is_masked_in_messages(url):
+    config = RemoteTierConfig.from_dict({"url": url, "namespace": "n"})
+    assert "secret" not in config.masked_url and "***" in config.masked_url

@@ -218,7 +218,7 @@ def test_frozen_server_fails_jobs_by_their_deadline_and_recovers(model_dir, redi
     assert serve(three, "d", fresh) == 60  # ...and what it wrote is served
 
 
-def test_corrupt_value_is_a_miss_and_deleted(model_dir, redis):
+def test_corrupt_value_is_a_miss_and_deleted(model_dir, redis, caplog):
     one = engine(model_dir, redis.url)
     serve(one, "a", PROMPT)
     settle(one)
@@ -229,7 +229,9 @@ def test_corrupt_value_is_a_miss_and_deleted(model_dir, redis):
 
     two = engine(model_dir, redis.url)
     reported = record(redis_tier(two), "get_stats")  # what vLLM's stats logger receives
-    assert serve(two, "b", PROMPT) == 0  # nothing wrong served: computed and checked instead
+    with caplog.at_level(logging.WARNING, logger="kvoffload.vllm.redis_tier"):
+        assert serve(two, "b", PROMPT) == 0  # nothing wrong served: computed and checked
+    assert "found corrupt values" in caplog.text and "checksum mismatch" in caplog.text
     assert two.checked_positions["b"] >= 60
     assert redis_tier(two).stats()["corrupt"] == 5
     corrupt = [s.data["data"].get("kvoffload:redis_tier_corrupt") for s in reported]

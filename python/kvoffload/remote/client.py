@@ -28,8 +28,8 @@ class RemoteClient:
 
     Every chunk is `chunk_bytes` long and read from or written to `buffer[offset:offset +
     chunk_bytes]` in place. The buffer must stay unchanged (stores) or untouched (loads) until
-    its job's completion comes back from `poll`, `wait` or `drain`; the client keeps a reference
-    to it until then.
+    its job's completion comes back from `poll`, `wait` or `drain`; the Rust side holds a
+    reference to it until then (and past the join of its workers when the client closes).
     """
 
     def __init__(
@@ -51,12 +51,16 @@ class RemoteClient:
             raise ConfigError(f"secondary tier: {exc}") from exc
         self.config = config
         self.chunk_bytes = chunk_bytes
-        self._buffers: dict[int, np.ndarray[Any, Any]] = {}
 
     @property
     def startup_error(self) -> str | None:
         """Why the server could not be reached at start-up (the tier then starts down)."""
         return self._tier.startup_error
+
+    @property
+    def last_error(self) -> str | None:
+        """The latest reason a job, an item or the canary failed (for logs)."""
+        return self._tier.last_error
 
     @property
     def state(self) -> str:
@@ -71,26 +75,26 @@ class RemoteClient:
 
     def store(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int:
         array = _bytes_view(buffer, writable=False)
-        job = self._tier.submit_store(list(keys), array.ctypes.data, array.nbytes, list(offsets))
-        self._buffers[job] = array
-        return job
+        return self._tier.submit_store(
+            list(keys), array, array.ctypes.data, array.nbytes, list(offsets)
+        )
 
     def load(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int:
         array = _bytes_view(buffer, writable=True)
-        job = self._tier.submit_load(list(keys), array.ctypes.data, array.nbytes, list(offsets))
-        self._buffers[job] = array
-        return job
+        return self._tier.submit_load(
+            list(keys), array, array.ctypes.data, array.nbytes, list(offsets)
+        )
 
     def poll(self) -> list[Completion]:
-        return self._release(self._tier.poll())
+        return self._tier.poll()
 
     def wait(self, timeout_s: float) -> list[Completion]:
         """Blocks (without the GIL) until some job completes or `timeout_s` passes."""
-        return self._release(self._tier.wait(timeout_s))
+        return self._tier.wait(timeout_s)
 
     def drain(self, timeout_s: float) -> list[Completion]:
         """Blocks until no job is queued or running (each ends by its deadline)."""
-        return self._release(self._tier.drain(timeout_s))
+        return self._tier.drain(timeout_s)
 
     def in_flight(self) -> int:
         return self._tier.in_flight()
@@ -100,12 +104,6 @@ class RemoteClient:
 
     def close(self) -> None:
         self._tier.close()
-        self._buffers.clear()
-
-    def _release(self, done: list[Completion]) -> list[Completion]:
-        for job, _ in done:
-            self._buffers.pop(job, None)
-        return done
 
 
 def _bytes_view(buffer: Any, *, writable: bool) -> np.ndarray[Any, Any]:

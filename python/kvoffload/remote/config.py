@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvoffload._rust import mask_remote_url
 from kvoffload.errors import ConfigError
 
 # Keys vLLM's tier factory reads (or passes on) itself: not ours, not unknown either.
@@ -120,14 +121,9 @@ class RemoteTierConfig:
 
     @property
     def masked_url(self) -> str:
-        return str(_masked(self.url))
+        return mask_remote_url(self.url)
 
 
 def _masked(url: object) -> object:
-    """The URL with its password replaced, for messages and logs."""
-    if not isinstance(url, str) or "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    creds, host = rest.rsplit("@", 1)
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"
+    """The URL with its password replaced (the data path's own rule), for messages and logs."""
+    return mask_remote_url(url) if isinstance(url, str) else url

@@ -40,7 +40,16 @@ from vllm.v1.kv_offload.tiering.base import (
 )
 
 from kvoffload.errors import ConfigError
-from kvoffload.remote import EXISTS, OK, RemoteClient, RemoteLookups, RemoteTierConfig, TierIdentity
+from kvoffload.remote import (
+    CORRUPT,
+    EXISTS,
+    FAILED,
+    OK,
+    RemoteClient,
+    RemoteLookups,
+    RemoteTierConfig,
+    TierIdentity,
+)
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -57,6 +66,8 @@ _COUNTERS = {
     "load_missing": "Chunks a load found absent (evicted after the lookup, or a hole).",
 }
 _METRIC = "kvoffload:redis_tier_"
+# At most one warning per this many seconds about failed jobs: a down server fails every job.
+_WARN_EVERY_S = 10.0
 # The encoding of the data path's own `breaker_state` stat.
 _BREAKER_STATES = {"up": 0, "down": 1, "half-open": 2}
 # Gauges of the data path's stats, not counters: never summed over the two clients.
@@ -97,6 +108,8 @@ class RedisTier(SecondaryTierManager):
             self._events = []
         self._reported = {name: 0 for name in _COUNTERS}
         self._canary: threading.Thread | None = None
+        self._warned_at = -_WARN_EVERY_S
+        self._failed_since_warning = 0
         if self._client.startup_error is not None:
             logger.warning(
                 "RedisTier %s is unreachable (%s): the engine serves without the shared tier "
@@ -190,6 +203,7 @@ class RedisTier(SecondaryTierManager):
 
     def _collect(self, completions: list[tuple[int, bytes]]) -> None:
         now = time.monotonic()
+        self._warn_failures(completions, now)
         for rust_job, statuses in completions:
             if rust_job in self._touch_jobs:
                 self._touch_jobs.discard(rust_job)
@@ -203,6 +217,20 @@ class RedisTier(SecondaryTierManager):
                 self._pending.append(self._load_result(job, keys, statuses, now - started))
             else:
                 self._pending.append(self._store_result(job, keys, statuses, now - started))
+
+    def _warn_failures(self, completions: list[tuple[int, bytes]], now: float) -> None:
+        self._failed_since_warning += sum(
+            any(s in (CORRUPT, FAILED) for s in statuses) for _, statuses in completions
+        )
+        if self._failed_since_warning and now - self._warned_at >= _WARN_EVERY_S:
+            logger.warning(
+                "RedisTier %s: %d job(s) failed or found corrupt values (recomputed, never "
+                "served); latest reason: %s",
+                self.config.masked_url,
+                self._failed_since_warning,
+                self._client.last_error,
+            )
+            self._warned_at, self._failed_since_warning = now, 0
 
     def _load_result(
         self, job: TransferJob, keys: list[OffloadKey], statuses: bytes, took: float

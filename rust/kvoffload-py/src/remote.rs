@@ -1,5 +1,7 @@
 //! `RemoteTier`: the Redis / Valkey tier of `kvoffload-remote`. Buffers cross as raw addresses
-//! (the abi3 build has no buffer protocol); the Python caller keeps them alive until completion.
+//! (the abi3 build has no buffer protocol), each with the Python object that owns the memory: the
+//! binding keeps that object until the job's completion is handed out, so the memory outlives
+//! every worker access whatever the caller does with its own references.
 
 use crate::errors::RemoteError;
 use crate::keys::{new_bytes, KeyArg};
@@ -9,6 +11,8 @@ use kvoffload_remote::{
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 fn to_py(err: remote::RemoteError) -> PyErr {
@@ -50,10 +54,71 @@ fn completions<'py>(py: Python<'py>, done: Vec<Completion>) -> PyResult<Bound<'p
 /// the GIL.
 #[pyclass(frozen, module = "kvoffload._rust")]
 pub struct RemoteTier {
+    // Declared first so it drops first: `Tier`'s drop joins the workers, and only then may the
+    // owners below release the memory those workers were reading or writing.
     tier: Tier,
+    /// The buffer object of each store or load job whose completion is not handed out yet.
+    owners: Mutex<HashMap<u64, Py<PyAny>>>,
+}
+
+/// The URL with its password hidden, as the tier's own messages show it.
+#[pyfunction]
+fn mask_remote_url(url: &str) -> String {
+    remote::url::mask(url)
 }
 
 impl RemoteTier {
+    fn owners(&self) -> MutexGuard<'_, HashMap<u64, Py<PyAny>>> {
+        // A plain map, valid whatever a panicking holder was doing.
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Submits with the GIL released and records `buffer` as the job's owner under the same
+    /// lock that `release` takes, so a completion cannot be handed out before its owner is
+    /// recorded.
+    fn submit_owned(
+        &self,
+        py: Python<'_>,
+        buffer: &Bound<'_, PyAny>,
+        submit: impl FnOnce(&Tier) -> remote::Result<u64> + Send,
+    ) -> PyResult<u64> {
+        let owner = buffer.clone().unbind();
+        let res = py.detach(|| {
+            let mut owners = self.owners();
+            match submit(&self.tier) {
+                Ok(id) => {
+                    // Job ids are never reused, so no owner is replaced (and dropped detached).
+                    owners.insert(id, owner);
+                    Ok(id)
+                }
+                Err(e) => Err((e, owner)),
+            }
+        });
+        // The refused job's owner is dropped here, attached.
+        res.map_err(|(e, _owner)| to_py(e))
+    }
+
+    /// Drops the owners of jobs whose completions are handed out, attached and after the lock:
+    /// a finalizer may call back into this tier.
+    fn release(&self, done: &[Completion]) {
+        let freed: Vec<Py<PyAny>> = {
+            let mut owners = self.owners();
+            done.iter()
+                .filter_map(|c| owners.remove(&c.job_id))
+                .collect()
+        };
+        drop(freed);
+    }
+
+    fn handed_out<'py>(
+        &self,
+        py: Python<'py>,
+        done: Vec<Completion>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        self.release(&done);
+        completions(py, done)
+    }
+
     fn keys(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
         KeyArg::extract(keys)?.run(py, |k| Ok(k.iter().map(|k| k.to_vec()).collect()))
     }
@@ -88,6 +153,11 @@ impl RemoteTier {
             .map(|(i, &off)| {
                 if off >= 0 && off.checked_add(chunk).is_some_and(|end| end <= capacity) {
                     Ok(base as usize + off as usize)
+                } else if capacity < chunk {
+                    Err(PyValueError::new_err(format!(
+                        "offsets[{i}]={off}: the buffer of {capacity} bytes holds no chunk of \
+                         {chunk} bytes"
+                    )))
                 } else {
                     Err(PyValueError::new_err(format!(
                         "offsets[{i}]={off} puts a chunk of {chunk} bytes outside the buffer of \
@@ -162,12 +232,22 @@ impl RemoteTier {
         cfg.max_store_bytes_in_flight = max_store_bytes_in_flight;
         cfg.touch_on_hit = touch_on_hit;
         let tier = py.detach(|| Tier::connect(cfg, ns)).map_err(to_py)?;
-        Ok(RemoteTier { tier })
+        Ok(RemoteTier {
+            tier,
+            owners: Mutex::default(),
+        })
     }
 
     #[getter]
     fn startup_error(&self) -> Option<String> {
         self.tier.startup_error().map(str::to_string)
+    }
+
+    /// Why the last failure happened (a job's error, a server's error reply, a corrupt value),
+    /// or None.
+    #[getter]
+    fn last_error(&self) -> Option<String> {
+        self.tier.last_error()
     }
 
     #[getter]
@@ -180,7 +260,8 @@ impl RemoteTier {
         self.tier.chunk_bytes()
     }
 
-    /// `("written" | "matched" | "down", None)` or `("differs", existing_identity)`.
+    /// `("written" | "matched" | "down", None)` or `("differs", existing_identity)`; never
+    /// raises for the server's sake: why it is down is in `last_error`.
     #[pyo3(signature = (name, identity, timeout_s = 1.0))]
     fn canary<'py>(
         &self,
@@ -192,9 +273,7 @@ impl RemoteTier {
         use remote::config::{TIMEOUT_MAX, TIMEOUT_MIN};
         let timeout = seconds("timeout_s", timeout_s, TIMEOUT_MIN, TIMEOUT_MAX)?;
         let (name, identity) = (name.to_vec(), identity.to_vec());
-        let outcome = py
-            .detach(|| self.tier.canary(&name, &identity, timeout))
-            .map_err(to_py)?;
+        let outcome = py.detach(|| self.tier.canary(&name, &identity, timeout));
         Ok(match outcome {
             CanaryOutcome::Written => ("written", None),
             CanaryOutcome::Matched => ("matched", None),
@@ -212,6 +291,7 @@ impl RemoteTier {
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
+        buffer: &Bound<'_, PyAny>,
         base: u64,
         capacity: i64,
         offsets: Vec<i64>,
@@ -222,17 +302,19 @@ impl RemoteTier {
         let items = keys
             .into_iter()
             .zip(addrs)
-            // SAFETY: the span lies in the caller's buffer (checked above), which the Python
-            // caller keeps alive and unchanged until this job's completion (documented contract).
+            // SAFETY: the span lies in the caller's buffer (checked above), which `buffer` owns
+            // and `owners` keeps alive until this job's completion; the caller leaves it
+            // unchanged until then (documented contract).
             .map(|(k, a)| (k, unsafe { RawBuf::new(a as *const u8, chunk) }))
             .collect();
-        py.detach(|| self.tier.submit_store(items)).map_err(to_py)
+        self.submit_owned(py, buffer, |t| t.submit_store(items))
     }
 
     fn submit_load(
         &self,
         py: Python<'_>,
         keys: &Bound<'_, PyAny>,
+        buffer: &Bound<'_, PyAny>,
         base: u64,
         capacity: i64,
         offsets: Vec<i64>,
@@ -243,15 +325,16 @@ impl RemoteTier {
         let items = keys
             .into_iter()
             .zip(addrs)
-            // SAFETY: as in `submit_store`; the caller also leaves the span untouched until then.
+            // SAFETY: as in `submit_store`; the caller also leaves the span untouched until then,
+            // and `Tier::submit_load` refuses overlapping spans.
             .map(|(k, a)| (k, unsafe { RawBufMut::new(a as *mut u8, chunk) }))
             .collect();
-        py.detach(|| self.tier.submit_load(items)).map_err(to_py)
+        self.submit_owned(py, buffer, |t| t.submit_load(items))
     }
 
     fn poll<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let done = py.detach(|| self.tier.poll());
-        completions(py, done)
+        self.handed_out(py, done)
     }
 
     fn wait<'py>(&self, py: Python<'py>, timeout_s: f64) -> PyResult<Bound<'py, PyList>> {
@@ -262,7 +345,7 @@ impl RemoteTier {
             Duration::from_secs(86400),
         )?;
         let done = py.detach(|| self.tier.wait(t));
-        completions(py, done)
+        self.handed_out(py, done)
     }
 
     fn drain<'py>(&self, py: Python<'py>, timeout_s: f64) -> PyResult<Bound<'py, PyList>> {
@@ -273,7 +356,7 @@ impl RemoteTier {
             Duration::from_secs(86400),
         )?;
         let done = py.detach(|| self.tier.drain(t));
-        completions(py, done)
+        self.handed_out(py, done)
     }
 
     fn in_flight(&self, py: Python<'_>) -> usize {
@@ -290,14 +373,19 @@ impl RemoteTier {
         Ok(d)
     }
 
+    /// Joins the workers, then drops every owner: no worker touches a buffer any more, and the
+    /// completions not taken yet stay for `poll` / `drain`.
     fn close(&self, py: Python<'_>) {
-        py.detach(|| self.tier.close())
+        py.detach(|| self.tier.close());
+        let freed = std::mem::take(&mut *self.owners());
+        drop(freed);
     }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<RemoteTier>()?;
+    m.add_function(wrap_pyfunction!(mask_remote_url, m)?)?;
     m.add("RemoteError", py.get_type::<RemoteError>())?;
     for (name, v) in [
         ("REMOTE_OK", remote::status::OK),

@@ -5,75 +5,14 @@
 //! `Err` means the connection is unusable or the deadline passed, and the caller fails the items
 //! still `PENDING`.
 
+use crate::buf::{RawBuf, RawBufMut};
 use crate::conn::Conn;
 use crate::error::{RemoteError, Result};
 use crate::format::{self, Header, Layout, Part, HEADER_LEN};
 use crate::resp::{Head, Pipeline};
 use crate::stats::Counters;
 use crate::status::{CORRUPT, EXISTS, FAILED, MISSING, OK, PENDING};
-
-/// Raw memory the caller lends to a store job.
-#[derive(Debug)]
-pub struct RawBuf {
-    ptr: *const u8,
-    len: usize,
-}
-
-/// Raw memory the caller lends to a load job.
-#[derive(Debug)]
-pub struct RawBufMut {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the creator promised (in `new`) that the memory stays valid, and for loads untouched,
-// until the job completes; the job reads or writes it from one worker thread at a time.
-unsafe impl Send for RawBuf {}
-unsafe impl Send for RawBufMut {}
-
-impl RawBuf {
-    /// # Safety
-    /// `ptr..ptr+len` must be readable and stay valid and unchanged until the job that takes this
-    /// buffer has its completion returned (by `poll`, `wait` or `drain`), or the tier is dropped.
-    pub unsafe fn new(ptr: *const u8, len: usize) -> RawBuf {
-        RawBuf { ptr, len }
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub(crate) fn slice(&self) -> &[u8] {
-        // SAFETY: guaranteed by the contract of `new`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl RawBufMut {
-    /// # Safety
-    /// `ptr..ptr+len` must be writable, and nothing else may read or write it, until the job that
-    /// takes this buffer has its completion returned, or the tier is dropped.
-    pub unsafe fn new(ptr: *mut u8, len: usize) -> RawBufMut {
-        RawBufMut { ptr, len }
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub(crate) fn slice_mut(&mut self) -> &mut [u8] {
-        // SAFETY: guaranteed by the contract of `new`; `&mut self` keeps this the only view.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
+use std::sync::Mutex;
 
 pub(crate) struct Ctx<'a> {
     pub layout: Layout,
@@ -81,6 +20,22 @@ pub(crate) struct Ctx<'a> {
     pub ttl_ms: Option<u64>,
     pub touch_on_hit: bool,
     pub stats: &'a Counters,
+    pub last_error: &'a Mutex<Option<String>>,
+}
+
+/// Keeps `why` as the tier's last failure reason, for `Tier::last_error`.
+pub(crate) fn note(slot: &Mutex<Option<String>>, why: String) {
+    // A plain value, valid whatever a panicking holder was doing.
+    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+}
+
+/// A key for messages: a short hex prefix, since keys are binary and may be long.
+pub(crate) fn key_hint(key: &[u8]) -> String {
+    let mut s: String = key.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    if key.len() > 8 {
+        s.push_str("..");
+    }
+    s
 }
 
 impl Ctx<'_> {
@@ -97,8 +52,13 @@ impl Ctx<'_> {
     }
 
     /// An error reply settles one item; the connection is fine, so the breaker does not count it.
-    fn server_error(&self, _msg: &str) {
+    fn server_error(&self, msg: &str) {
         Counters::add(&self.stats.server_errors, 1);
+        self.note(RemoteError::Server(msg.to_string()).to_string());
+    }
+
+    fn note(&self, why: String) {
+        note(self.last_error, why)
     }
 }
 
@@ -193,54 +153,42 @@ pub(crate) fn store(
         .iter()
         .map(|(key, buf)| Header::for_chunk(&lay, ctx.ns, key, buf.slice()).encode())
         .collect();
-    let ttl = ctx.ttl_ms.map(|t| t.to_string());
-    let nargs = if ttl.is_some() { 6 } else { 4 };
-    let mut p = Pipeline::new();
-    let mut k = Vec::new();
-    for ((key, buf), header) in items.iter().zip(&headers) {
-        let payload = buf.slice();
-        // Body first: a reader that finds the header can count on the body.
-        if lay.split {
-            ctx.key(&mut k, key, Part::Body);
-            p.command(nargs)
-                .arg(b"SET")
-                .arg(&k)
-                .arg_payload(b"", &payload[..lay.body()]);
-            p.arg(b"NX");
-            if let Some(t) = &ttl {
-                p.arg(b"PX").arg(t.as_bytes());
-            }
+    let all: Vec<usize> = (0..items.len()).collect();
+    let written = write_pairs(conn, ctx, items, &headers, &all)?;
+    // A split chunk refused because its body part alone is there (its header was evicted:
+    // allkeys-lru takes parts one by one) would be refused forever: clear it, write once more.
+    let orphans = if lay.split {
+        orphan_bodies(conn, ctx, items, &all, &written)?
+    } else {
+        Vec::new()
+    };
+    let mut outcome = written;
+    if !orphans.is_empty() {
+        let mut p = Pipeline::new();
+        let mut k = Vec::new();
+        p.command(1 + orphans.len()).arg(b"DEL");
+        for &i in &orphans {
+            ctx.key(&mut k, &items[i].0, Part::Body);
+            p.arg(&k);
         }
-        ctx.key(&mut k, key, Part::Header);
-        p.command(nargs)
-            .arg(b"SET")
-            .arg(&k)
-            .arg_payload(header, &payload[lay.body()..]);
-        p.arg(b"NX");
-        if let Some(t) = &ttl {
-            p.arg(b"PX").arg(t.as_bytes());
+        conn.send(&p)?;
+        if let Err(m) = read_int(conn, "DEL")? {
+            ctx.server_error(&m);
+        }
+        let again = write_pairs(conn, ctx, items, &headers, &orphans)?;
+        for (&i, w) in orphans.iter().zip(again) {
+            outcome[i] = w;
         }
     }
-    conn.send(&p)?;
-    let mut orphans = Vec::new();
     let (mut ok, mut exists, mut failed) = (0u64, 0u64, 0u64);
-    for (i, (key, _)) in items.iter().enumerate() {
-        let body = if lay.split { set_ok(conn)? } else { Ok(true) };
-        let head = set_ok(conn)?;
-        st[i] = match (body, head) {
-            (Err(m), head) => {
-                ctx.server_error(&m);
-                if head == Ok(true) {
-                    orphans.push(key);
-                }
-                FAILED
-            }
-            (_, Err(m)) => {
+    for (i, w) in outcome.into_iter().enumerate() {
+        st[i] = match w {
+            Ok(true) => OK,
+            Ok(false) => EXISTS,
+            Err(m) => {
                 ctx.server_error(&m);
                 FAILED
             }
-            (Ok(_), Ok(true)) => OK,
-            (Ok(_), Ok(false)) => EXISTS,
         };
         match st[i] {
             OK => ok += 1,
@@ -252,28 +200,115 @@ pub(crate) fn store(
     Counters::add(&ctx.stats.store_exists, exists);
     Counters::add(&ctx.stats.store_failures, failed);
     Counters::add(&ctx.stats.bytes_written, ok * lay.chunk_bytes as u64);
-    if !orphans.is_empty() {
-        // A header without its body would read as corrupt; take it back.
-        let mut p = Pipeline::new();
-        p.command(1 + orphans.len()).arg(b"DEL");
-        for key in orphans {
-            ctx.key(&mut k, key, Part::Header);
-            p.arg(&k);
-        }
-        conn.send(&p)?;
-        if let Err(m) = read_int(conn, "DEL")? {
-            ctx.server_error(&m);
+    Ok(())
+}
+
+/// Writes items `which`, each only if absent: one `SET NX` per unsplit chunk, one `MSETNX` of
+/// both parts per split one, so two writers of a chunk never pair one's header with the other's
+/// body (the first wins both parts, atomically). Per item: written, already there, or the
+/// server's error reply.
+fn write_pairs(
+    conn: &mut Conn,
+    ctx: &Ctx<'_>,
+    items: &[(Vec<u8>, RawBuf)],
+    headers: &[[u8; HEADER_LEN]],
+    which: &[usize],
+) -> Result<Vec<std::result::Result<bool, String>>> {
+    let lay = ctx.layout;
+    let ttl = ctx.ttl_ms.map(|t| t.to_string());
+    let mut p = Pipeline::new();
+    let (mut kb, mut kh) = (Vec::new(), Vec::new());
+    for &i in which {
+        let (key, buf) = &items[i];
+        let payload = buf.slice();
+        ctx.key(&mut kh, key, Part::Header);
+        if lay.split {
+            ctx.key(&mut kb, key, Part::Body);
+            p.command(5)
+                .arg(b"MSETNX")
+                .arg(&kb)
+                .arg_payload(b"", &payload[..lay.body()])
+                .arg(&kh)
+                .arg_payload(&headers[i], &payload[lay.body()..]);
+            // MSETNX takes no expiry; set it on whatever holds the keys now (ours or the
+            // first writer's: refreshing theirs is harmless).
+            if let Some(t) = &ttl {
+                p.command(3).arg(b"PEXPIRE").arg(&kb).arg(t.as_bytes());
+                p.command(3).arg(b"PEXPIRE").arg(&kh).arg(t.as_bytes());
+            }
+        } else {
+            p.command(if ttl.is_some() { 6 } else { 4 })
+                .arg(b"SET")
+                .arg(&kh)
+                .arg_payload(&headers[i], payload)
+                .arg(b"NX");
+            if let Some(t) = &ttl {
+                p.arg(b"PX").arg(t.as_bytes());
+            }
         }
     }
-    Ok(())
+    conn.send(&p)?;
+    let mut out = Vec::with_capacity(which.len());
+    for _ in which {
+        if lay.split {
+            out.push(read_int(conn, "MSETNX")?.map(|n| n == 1));
+            if ttl.is_some() {
+                for _ in 0..2 {
+                    if let Err(m) = read_int(conn, "PEXPIRE")? {
+                        ctx.server_error(&m);
+                    }
+                }
+            }
+        } else {
+            out.push(set_ok(conn)?);
+        }
+    }
+    Ok(out)
+}
+
+/// The refused items (`which` with `Ok(false)`) whose header part is absent: a body alone.
+fn orphan_bodies(
+    conn: &mut Conn,
+    ctx: &Ctx<'_>,
+    items: &[(Vec<u8>, RawBuf)],
+    which: &[usize],
+    written: &[std::result::Result<bool, String>],
+) -> Result<Vec<usize>> {
+    let refused: Vec<usize> = which
+        .iter()
+        .copied()
+        .filter(|&i| written[i] == Ok(false))
+        .collect();
+    if refused.is_empty() {
+        return Ok(refused);
+    }
+    let mut p = Pipeline::new();
+    let mut k = Vec::new();
+    for &i in &refused {
+        ctx.key(&mut k, &items[i].0, Part::Header);
+        p.command(2).arg(b"EXISTS").arg(&k);
+    }
+    conn.send(&p)?;
+    let mut orphans = Vec::new();
+    for &i in &refused {
+        if read_int(conn, "EXISTS")? == Ok(0) {
+            ctx.note(format!(
+                "store of key {}: a body part without its header (left by eviction) was \
+                 cleared",
+                key_hint(&items[i].0)
+            ));
+            orphans.push(i);
+        }
+    }
+    Ok(orphans)
 }
 
 /// How one part of a loaded chunk turned out.
 enum Got {
     Ok,
     Missing,
-    /// Failed a check; the reasons are in the comments where it is made.
-    Corrupt,
+    /// Failed a check: which one.
+    Corrupt(&'static str),
     Failed,
 }
 
@@ -288,7 +323,7 @@ fn read_header_part(
     let n = match conn.head()? {
         Head::Nil => return Ok((Got::Missing, 0)),
         Head::Error(m) if m.starts_with("WRONGTYPE") => {
-            return Ok((Got::Corrupt /* not a string */, 0));
+            return Ok((Got::Corrupt("header part is not a string"), 0));
         }
         Head::Error(m) => {
             ctx.server_error(&m);
@@ -299,7 +334,7 @@ fn read_header_part(
     };
     if n != HEADER_LEN + lay.tail {
         conn.skip_bulk(n)?;
-        return Ok((Got::Corrupt /* header value has the wrong length */, 0));
+        return Ok((Got::Corrupt("header part has the wrong length"), 0));
     }
     let mut raw = [0u8; HEADER_LEN];
     conn.read_into(&mut raw)?;
@@ -309,9 +344,9 @@ fn read_header_part(
             conn.finish_bulk()?;
             Ok((Got::Ok, h.payload_crc))
         }
-        Err(_why) => {
+        Err(why) => {
             conn.skip_bulk(n - HEADER_LEN)?;
-            Ok((Got::Corrupt, 0))
+            Ok((Got::Corrupt(why), 0))
         }
     }
 }
@@ -319,9 +354,9 @@ fn read_header_part(
 /// Reads the `:b` reply straight into place, or skips it when the header already failed.
 fn read_body_part(conn: &mut Conn, ctx: &Ctx<'_>, want: bool, dest: &mut [u8]) -> Result<Got> {
     let n = match conn.head()? {
-        Head::Nil => return Ok(Got::Corrupt /* body part missing */),
+        Head::Nil => return Ok(Got::Corrupt("body part missing")),
         Head::Error(m) if m.starts_with("WRONGTYPE") => {
-            return Ok(Got::Corrupt /* not a string */);
+            return Ok(Got::Corrupt("body part is not a string"));
         }
         Head::Error(m) => {
             ctx.server_error(&m);
@@ -332,7 +367,8 @@ fn read_body_part(conn: &mut Conn, ctx: &Ctx<'_>, want: bool, dest: &mut [u8]) -
     };
     if !want || n != dest.len() {
         conn.skip_bulk(n)?;
-        return Ok(Got::Corrupt /* body part has the wrong length */);
+        // Unwanted: the header's reason is the one reported.
+        return Ok(Got::Corrupt("body part has the wrong length"));
     }
     conn.read_into(dest)?;
     conn.finish_bulk()?;
@@ -386,11 +422,17 @@ pub(crate) fn load(
         } else {
             head
         };
+        let got = match got {
+            Got::Ok if format::crc(dest) != crc => Got::Corrupt("payload checksum mismatch"),
+            g => g,
+        };
         st[i] = match got {
-            Got::Ok if format::crc(dest) == crc => OK,
-            Got::Ok => CORRUPT,
+            Got::Ok => OK,
             Got::Missing => MISSING,
-            Got::Corrupt => CORRUPT,
+            Got::Corrupt(why) => {
+                ctx.note(format!("corrupt value for key {}: {why}", key_hint(key)));
+                CORRUPT
+            }
             Got::Failed => FAILED,
         };
         match st[i] {

@@ -6,6 +6,7 @@
 //! [`format`]); anything that fails a check is reported CORRUPT and deleted, never returned.
 
 mod breaker;
+mod buf;
 pub mod config;
 mod conn;
 mod error;
@@ -16,10 +17,12 @@ mod stats;
 pub mod status;
 mod tier;
 pub mod url;
+mod worker;
 
 pub use breaker::BreakerState;
+pub use buf::{RawBuf, RawBufMut};
 pub use config::Config;
 pub use error::{RemoteError, Result};
-pub use jobs::{CanaryOutcome, RawBuf, RawBufMut};
+pub use jobs::CanaryOutcome;
 pub use stats::Stats;
 pub use tier::{Completion, Tier};

@@ -73,6 +73,8 @@ counters!(
     deleted_corrupt,
     server_errors,
     protocol_errors,
+    // Jobs settled unrun because they waited in the queue past their whole budget.
+    expired_in_queue,
 );
 
 impl Counters {

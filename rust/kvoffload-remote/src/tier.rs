@@ -1,15 +1,17 @@
 //! `Tier`: the engine. Jobs go into two queues (lookups and loads ahead of stores), worker threads
 //! with one connection each run them, and completions wait in a list until the caller takes them.
 
-use crate::breaker::{Admit, Backoff, Breaker, BreakerState};
+use crate::breaker::{Breaker, BreakerState};
+use crate::buf::{self, RawBuf, RawBufMut};
 use crate::config::Config;
 use crate::conn::Conn;
 use crate::error::{RemoteError, Result};
 use crate::format::{Layout, KEY_PREFIX};
-use crate::jobs::{self, CanaryOutcome, Ctx, RawBuf, RawBufMut};
+use crate::jobs::{self, CanaryOutcome, Ctx};
 use crate::stats::{Counters, Stats};
-use crate::status::{DROPPED, FAILED, MISSING, PENDING};
+use crate::status::{DROPPED, FAILED, MISSING};
 use crate::url::{self, ServerUrl};
+use crate::worker::{worker_loop, Worker};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -23,19 +25,21 @@ pub struct Completion {
     pub statuses: Vec<u8>,
 }
 
-enum Work {
+pub(crate) enum Work {
     Lookup(Vec<Vec<u8>>),
     Store(Vec<(Vec<u8>, RawBuf)>),
     Load(Vec<(Vec<u8>, RawBufMut)>),
 }
 
-struct Job {
-    id: u64,
-    work: Work,
+pub(crate) struct Job {
+    pub(crate) id: u64,
+    pub(crate) work: Work,
+    /// When it was submitted: a worker taking it a whole budget later settles it unrun.
+    pub(crate) queued_at: Instant,
 }
 
 impl Job {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match &self.work {
             Work::Lookup(k) => k.len(),
             Work::Store(i) => i.len(),
@@ -44,7 +48,7 @@ impl Job {
     }
 
     /// Payload bytes moved by the job.
-    fn bytes(&self, chunk: usize) -> u64 {
+    pub(crate) fn bytes(&self, chunk: usize) -> u64 {
         match &self.work {
             Work::Lookup(_) => 0,
             _ => (self.len() * chunk) as u64,
@@ -52,7 +56,7 @@ impl Job {
     }
 
     /// Statuses of a job that is not run: the tier is down, or the caller gave up on it.
-    fn not_run(&self, closing: bool) -> Vec<u8> {
+    pub(crate) fn not_run(&self, closing: bool) -> Vec<u8> {
         let s = match (&self.work, closing) {
             (_, true) => FAILED,
             (Work::Lookup(_), false) => MISSING,
@@ -64,13 +68,13 @@ impl Job {
 }
 
 #[derive(Default)]
-struct Queues {
-    fast: VecDeque<Job>,
-    stores: VecDeque<Job>,
-    done: Vec<Completion>,
-    running: usize,
-    store_bytes: u64,
-    closing: bool,
+pub(crate) struct Queues {
+    pub(crate) fast: VecDeque<Job>,
+    pub(crate) stores: VecDeque<Job>,
+    pub(crate) done: Vec<Completion>,
+    pub(crate) running: usize,
+    pub(crate) store_bytes: u64,
+    pub(crate) closing: bool,
 }
 
 impl Queues {
@@ -79,36 +83,42 @@ impl Queues {
     }
 }
 
-struct Shared {
-    cfg: Config,
-    url: ServerUrl,
-    ns: [u8; 16],
-    layout: Layout,
-    q: Mutex<Queues>,
-    work_cv: Condvar,
-    done_cv: Condvar,
-    breaker: Breaker,
-    stats: Counters,
+pub(crate) struct Shared {
+    pub(crate) cfg: Config,
+    pub(crate) url: ServerUrl,
+    pub(crate) ns: [u8; 16],
+    pub(crate) layout: Layout,
+    pub(crate) q: Mutex<Queues>,
+    pub(crate) work_cv: Condvar,
+    pub(crate) done_cv: Condvar,
+    pub(crate) breaker: Breaker,
+    pub(crate) stats: Counters,
+    pub(crate) last_error: Mutex<Option<String>>,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Queues> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Queues> {
         // Workers never panic while holding the lock with the queues half-updated.
         self.q.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn ctx(&self) -> Ctx<'_> {
+    pub(crate) fn ctx(&self) -> Ctx<'_> {
         Ctx {
             layout: self.layout,
             ns: &self.ns,
             ttl_ms: self.cfg.ttl.map(|t| t.as_millis().max(1) as u64),
             touch_on_hit: self.cfg.touch_on_hit,
             stats: &self.stats,
+            last_error: &self.last_error,
         }
     }
 
+    pub(crate) fn note(&self, why: String) {
+        jobs::note(&self.last_error, why)
+    }
+
     /// Counts items a job settles without running, for the stats.
-    fn count_not_run(&self, job: &Job, statuses: &[u8]) {
+    pub(crate) fn count_not_run(&self, job: &Job, statuses: &[u8]) {
         let n = statuses.len() as u64;
         match (&job.work, statuses.first()) {
             (Work::Store(_), Some(&DROPPED)) => Counters::add(&self.stats.stores_dropped, n),
@@ -116,142 +126,6 @@ impl Shared {
             (Work::Load(_), _) => Counters::add(&self.stats.load_failures, n),
             (Work::Lookup(_), _) => {}
         }
-    }
-}
-
-/// One worker's connection state.
-struct Worker {
-    conn: Option<Conn>,
-    ever_connected: bool,
-    backoff: Backoff,
-    retry_at: Option<Instant>,
-}
-
-impl Worker {
-    /// A usable connection, or the error that fails the job.
-    fn connection(&mut self, sh: &Shared, deadline: Instant) -> Result<&mut Conn> {
-        if self.conn.is_none() {
-            if let Some(at) = self.retry_at {
-                let now = Instant::now();
-                if at > now {
-                    std::thread::sleep((at - now).min(deadline.saturating_duration_since(now)));
-                }
-            }
-            let connect_by = deadline.min(Instant::now() + sh.cfg.connect_timeout);
-            match Conn::connect(&sh.url, connect_by) {
-                Ok(c) => {
-                    if self.ever_connected {
-                        Counters::add(&sh.stats.reconnects, 1);
-                    }
-                    self.ever_connected = true;
-                    self.backoff.reset();
-                    self.retry_at = None;
-                    self.conn = Some(c);
-                }
-                Err(e) => {
-                    Counters::add(&sh.stats.connect_failures, 1);
-                    self.retry_at = Some(Instant::now() + self.backoff.next_delay());
-                    return Err(e);
-                }
-            }
-        }
-        let conn = self.conn.as_mut().expect("connected above");
-        conn.set_deadline(deadline);
-        Ok(conn)
-    }
-
-    fn attempt(
-        &mut self,
-        sh: &Shared,
-        job: &mut Job,
-        st: &mut [u8],
-        deadline: Instant,
-    ) -> Result<()> {
-        let ctx = sh.ctx();
-        let conn = self.connection(sh, deadline)?;
-        match &mut job.work {
-            Work::Lookup(keys) => jobs::lookup(conn, &ctx, keys, st),
-            Work::Store(items) => jobs::store(conn, &ctx, items, st),
-            Work::Load(items) => jobs::load(conn, &ctx, items, st),
-        }
-    }
-
-    fn run(&mut self, sh: &Shared, job: &mut Job) -> Vec<u8> {
-        let admit = sh.breaker.admit();
-        if admit == Admit::Deny {
-            let st = job.not_run(false);
-            sh.count_not_run(job, &st);
-            return st;
-        }
-        let deadline = Instant::now() + sh.cfg.job_budget(job.bytes(sh.layout.chunk_bytes));
-        let mut st = vec![PENDING; job.len()];
-        let reused = self.conn.is_some();
-        let mut result = self.attempt(sh, job, &mut st, deadline);
-        // A pooled connection may have died while idle (server restart): one retry on a fresh
-        // one, if nothing was settled. Replays are harmless: SET NX, GET, EXISTS, TOUCH.
-        if reused && matches!(result, Err(RemoteError::Io(_))) && st.iter().all(|&s| s == PENDING) {
-            self.conn = None;
-            self.retry_at = None;
-            result = self.attempt(sh, job, &mut st, deadline);
-        }
-        match result {
-            Ok(()) => sh.breaker.success(),
-            Err(e) => {
-                match &e {
-                    RemoteError::Timeout(_) => Counters::add(&sh.stats.timeouts, 1),
-                    RemoteError::Protocol(_) => Counters::add(&sh.stats.protocol_errors, 1),
-                    _ => {}
-                }
-                if e.breaks_connection() || self.conn.is_none() {
-                    self.conn = None;
-                }
-                if sh.breaker.failure(admit == Admit::Probe) {
-                    Counters::add(&sh.stats.breaker_opens, 1);
-                }
-                let failed = st.iter().filter(|&&s| s == PENDING).count() as u64;
-                match job.work {
-                    Work::Store(_) => Counters::add(&sh.stats.store_failures, failed),
-                    Work::Load(_) => Counters::add(&sh.stats.load_failures, failed),
-                    Work::Lookup(_) => {}
-                }
-                for s in st.iter_mut().filter(|s| **s == PENDING) {
-                    *s = FAILED;
-                }
-            }
-        }
-        st
-    }
-}
-
-fn worker_loop(sh: Arc<Shared>, mut w: Worker) {
-    loop {
-        let mut job = {
-            let mut q = sh.lock();
-            loop {
-                if let Some(j) = q.fast.pop_front().or_else(|| q.stores.pop_front()) {
-                    q.running += 1;
-                    break j;
-                }
-                if q.closing {
-                    return;
-                }
-                q = sh.work_cv.wait(q).unwrap_or_else(|p| p.into_inner());
-            }
-        };
-        let statuses = w.run(&sh, &mut job);
-        let mut q = sh.lock();
-        q.running -= 1;
-        if let Work::Store(_) = job.work {
-            q.store_bytes -= job.bytes(sh.layout.chunk_bytes);
-        }
-        q.done.push(Completion {
-            job_id: job.id,
-            statuses,
-        });
-        drop(q);
-        // Dropped after the completion is out: the caller may reuse the memory from then on.
-        drop(job);
-        sh.done_cv.notify_all();
     }
 }
 
@@ -279,6 +153,7 @@ impl Tier {
             work_cv: Condvar::new(),
             done_cv: Condvar::new(),
             stats: Counters::default(),
+            last_error: Mutex::new(None),
             cfg,
         });
         let mut first = None;
@@ -295,12 +170,7 @@ impl Tier {
         }
         let mut workers = Vec::with_capacity(sh.cfg.connections);
         for i in 0..sh.cfg.connections {
-            let w = Worker {
-                ever_connected: first.is_some(),
-                conn: first.take(),
-                backoff: Backoff::new(i as u64 + 1),
-                retry_at: None,
-            };
+            let w = Worker::new(first.take(), i as u64 + 1);
             let sh2 = Arc::clone(&sh);
             let spawned = std::thread::Builder::new()
                 .name(format!("kvo-remote-{i}"))
@@ -340,6 +210,16 @@ impl Tier {
         self.sh.breaker.state()
     }
 
+    /// Why the last thing that failed did: a job's error, a server's error reply, a corrupt
+    /// value, a split or expired store, a canary that found the server down.
+    pub fn last_error(&self) -> Option<String> {
+        self.sh
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     fn check_len(&self, i: usize, len: usize) -> Result<()> {
         if len != self.sh.layout.chunk_bytes {
             return Err(RemoteError::Config(format!(
@@ -352,7 +232,11 @@ impl Tier {
 
     fn submit(&self, work: Work) -> Result<u64> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let job = Job { id, work };
+        let job = Job {
+            id,
+            work,
+            queued_at: Instant::now(),
+        };
         let bytes = job.bytes(self.sh.layout.chunk_bytes);
         let mut q = self.sh.lock();
         if q.closing {
@@ -401,9 +285,17 @@ impl Tier {
     }
 
     /// Loads each key into its buffer; only items with status OK hold valid data afterwards.
+    /// Refuses items whose buffers overlap.
     pub fn submit_load(&self, items: Vec<(Vec<u8>, RawBufMut)>) -> Result<u64> {
         for (i, (_, b)) in items.iter().enumerate() {
             self.check_len(i, b.len())?;
+        }
+        if let Some((a, b)) = buf::first_overlap(&items) {
+            return Err(RemoteError::Config(format!(
+                "items {a} and {b} of the load overlap in memory; allowed: disjoint buffers of \
+                 chunk_bytes={} each",
+                self.sh.layout.chunk_bytes
+            )));
         }
         self.submit(Work::Load(items))
     }
@@ -458,14 +350,16 @@ impl Tier {
     }
 
     /// Stores `identity` under a canary key of this namespace unless one is there, and compares.
-    /// Runs on the calling thread with its own connection, bounded by `timeout`.
-    pub fn canary(&self, name: &[u8], identity: &[u8], timeout: Duration) -> Result<CanaryOutcome> {
+    /// Runs on the calling thread with its own connection, bounded by `timeout`. Never fails:
+    /// whatever goes wrong (down, OOM, READONLY, NOPERM, garbage) is `Down`, as the caller
+    /// only warns.
+    pub fn canary(&self, name: &[u8], identity: &[u8], timeout: Duration) -> CanaryOutcome {
         if self.sh.breaker.state() == BreakerState::Down {
             let why = self
                 .startup_error
                 .as_deref()
                 .unwrap_or("the circuit breaker is open");
-            return Ok(CanaryOutcome::Down(why.to_string()));
+            return CanaryOutcome::Down(why.to_string());
         }
         let mut key = KEY_PREFIX.to_vec();
         key.extend_from_slice(&self.sh.ns);
@@ -474,13 +368,11 @@ impl Tier {
         let deadline = Instant::now() + timeout;
         let res = Conn::connect(&self.sh.url, deadline)
             .and_then(|mut c| jobs::canary(&mut c, &key, identity, self.sh.ctx().ttl_ms));
-        match res {
-            Ok(o) => Ok(o),
-            Err(e @ (RemoteError::Io(_) | RemoteError::Timeout(_))) => {
-                Ok(CanaryOutcome::Down(e.to_string()))
-            }
-            Err(e) => Err(e),
-        }
+        res.unwrap_or_else(|e| {
+            let why = format!("canary: {e}");
+            self.sh.note(why.clone());
+            CanaryOutcome::Down(why)
+        })
     }
 
     /// Stops taking jobs, fails the queued ones (their completions stay for `poll` / `drain`),

@@ -20,21 +20,36 @@ pub struct ServerUrl {
 const ALLOWED: &str = "allowed: redis://[user:password@]host[:port][/db] or \
                        unix:///path/to.sock[?db=N&password=P]";
 
-/// The URL with its password replaced, for messages and logs.
+/// The URL with its password replaced, for messages and logs. The credentials end at the last
+/// `@`, as in [`parse`], so a password holding an unescaped `@` is hidden whole.
 pub fn mask(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((auth, tail)) = rest.split_once('@') {
-            let user = auth.split_once(':').map_or("", |(u, _)| u);
-            return format!("{scheme}://{user}:***@{tail}");
-        }
+    let masked = match url.split_once("://") {
+        // A unix socket path may hold an `@`; its password is only ever in the query.
+        Some((scheme, rest)) if scheme != "unix" => match rest.rsplit_once('@') {
+            Some((auth, tail)) => {
+                let user = auth.split_once(':').map_or("", |(u, _)| u);
+                format!("{scheme}://{user}:***@{tail}")
+            }
+            None => url.to_string(),
+        },
+        _ => url.to_string(),
+    };
+    mask_query(&masked)
+}
+
+/// Every `password=` value of a query string replaced.
+fn mask_query(url: &str) -> String {
+    const P: &str = "password=";
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    while let Some(i) = rest.find(P) {
+        out.push_str(&rest[..i + P.len()]);
+        out.push_str("***");
+        rest = &rest[i + P.len()..];
+        rest = &rest[rest.find('&').unwrap_or(rest.len())..];
     }
-    match url.find("password=") {
-        Some(i) => {
-            let end = url[i..].find('&').map_or(url.len(), |j| i + j);
-            format!("{}password=***{}", &url[..i], &url[end..])
-        }
-        None => url.to_string(),
-    }
+    out.push_str(rest);
+    out
 }
 
 fn bad(url: &str, why: &str) -> RemoteError {
@@ -247,5 +262,30 @@ mod tests {
             mask("unix:///s?password=abc&db=1"),
             "unix:///s?password=***&db=1"
         );
+    }
+
+    #[test]
+    fn mask_splits_credentials_at_the_last_at_like_the_parser() {
+        let url = "redis://u:p@ss@127.0.0.1:1/0";
+        let u = parse(url).unwrap();
+        assert_eq!(u.password.as_deref(), Some("p@ss"));
+        assert_eq!(mask(url), "redis://u:***@127.0.0.1:1/0");
+        assert_eq!(mask("redis://:a@b@c@h"), "redis://:***@h");
+        assert_eq!(mask("valkey://h:1"), "valkey://h:1");
+        let msg = parse("redis://u:p@ss@h:x").unwrap_err().to_string();
+        assert!(!msg.contains("ss@"), "{msg}");
+    }
+
+    #[test]
+    fn mask_hides_every_unix_query_password() {
+        assert_eq!(
+            mask("unix:///tmp/a@b.sock?password=s3cret"),
+            "unix:///tmp/a@b.sock?password=***"
+        );
+        assert_eq!(
+            mask("unix:///s?db=1&password=x&password=y&user=u"),
+            "unix:///s?db=1&password=***&password=***&user=u"
+        );
+        assert_eq!(mask("unix:///s?db=1"), "unix:///s?db=1");
     }
 }

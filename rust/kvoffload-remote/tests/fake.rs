@@ -118,6 +118,17 @@ impl Fake {
                     b"+OK\r\n".to_vec()
                 }
             }
+            b"MSETNX" => {
+                let pairs: Vec<_> = args[1..].chunks(2).collect();
+                if pairs.iter().any(|kv| data.contains_key(&kv[0])) {
+                    b":0\r\n".to_vec()
+                } else {
+                    for kv in pairs {
+                        data.insert(kv[0].clone(), kv[1].clone());
+                    }
+                    b":1\r\n".to_vec()
+                }
+            }
             b"GET" => match (mode, data.get(&args[1])) {
                 (Mode::Stall, _) => return None,
                 (Mode::Garbage, _) => b"?garbage\r\n".to_vec(),
