@@ -39,7 +39,7 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
-from kvoffload.errors import ConfigError
+from kvoffload.errors import ConfigError, KVOffloadError
 from kvoffload.remote import (
     CORRUPT,
     EXISTS,
@@ -136,7 +136,7 @@ class RedisTier(SecondaryTierManager):
     def _check_canary(self, none_hash: bytes) -> None:
         try:
             outcome, theirs = self._client.canary(_CANARY, none_hash)
-        except Exception as exc:  # a full or read-only server must not stop the engine
+        except KVOffloadError as exc:  # e.g. closed meanwhile: a warning at most, never a stop
             outcome, theirs = "down", str(exc).encode()
         if outcome == "down":
             logger.info(
