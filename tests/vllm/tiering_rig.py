@@ -12,62 +12,47 @@ from typing import Any
 
 import numpy as np
 import torch
-from rig import NUM_LAYERS, Rig, make_rig
-from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
+from rig import NUM_LAYERS, NoCopyWorker, Rig, make_rig
 
 
-class RegionCopyWorker(OffloadingWorker):
+class RegionCopyWorker(NoCopyWorker):
     def __init__(self, holder: dict[str, Rig], bpc: int) -> None:
+        super().__init__(None, None)
         self._holder = holder
         self._bpc = bpc
-        self._done: list[TransferResult] = []
-
-    def _region(self) -> np.ndarray:
-        manager = self._holder["rig"].connector.connector_scheduler.manager
-        return np.asarray(manager.primary_tier.get_kv_memoryview())
 
     def _page(self, block: int, layer: int) -> np.ndarray:
         caches = list(self._holder["rig"].kv_caches.values())
         return caches[layer][block].view(torch.uint8).reshape(-1).numpy()
 
-    def _spans(self, chunk_ids: Any, block_ids: Any, first: int) -> list[tuple[int, int, int]]:
-        """(GPU block, region row, block within the chunk) for each GPU block of a job."""
+    def _copy(self, gpu_spec: Any, cpu_spec: Any, to_region: bool) -> None:
+        """Every GPU block of a job, each at its place in its chunk's row of the region."""
+        manager = self._holder["rig"].connector.connector_scheduler.manager
+        region = np.asarray(manager.primary_tier.get_kv_memoryview())
+        (first,) = gpu_spec.block_indices
         skip = first % self._bpc
-        return [
-            (int(b), int(chunk_ids[(skip + i) // self._bpc]), (skip + i) % self._bpc)
-            for i, b in enumerate(block_ids)
-        ]
+        for i, block in enumerate(gpu_spec.block_ids):
+            row = int(cpu_spec.block_ids[(skip + i) // self._bpc])
+            j = (skip + i) % self._bpc
+            for layer in range(NUM_LAYERS):
+                page = self._page(int(block), layer)
+                at = slice(
+                    (j * NUM_LAYERS + layer) * page.size, (j * NUM_LAYERS + layer + 1) * page.size
+                )
+                if to_region:
+                    region[row, at] = page
+                else:
+                    page[:] = region[row, at]
 
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-        region = self._region()
-        (first,) = src_spec.block_indices
-        for block, row, j in self._spans(dst_spec.block_ids, src_spec.block_ids, first):
-            for layer in range(NUM_LAYERS):
-                page = self._page(block, layer)
-                start = (j * NUM_LAYERS + layer) * page.size
-                region[row, start : start + page.size] = page
-        self._done.append(TransferResult(job_id, True, 0, 0.0))
-        return True
+        self._copy(src_spec, dst_spec, to_region=True)
+        return super().submit_store(job_id, src_spec, dst_spec)
 
     def submit_load(
         self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False
     ) -> bool:
-        region = self._region()
-        (first,) = dst_spec.block_indices
-        for block, row, j in self._spans(src_spec.block_ids, dst_spec.block_ids, first):
-            for layer in range(NUM_LAYERS):
-                page = self._page(block, layer)
-                start = (j * NUM_LAYERS + layer) * page.size
-                page[:] = region[row, start : start + page.size]
-        self._done.append(TransferResult(job_id, True, 0, 0.0))
-        return True
-
-    def get_finished(self) -> list[TransferResult]:
-        done, self._done = self._done, []
-        return done
-
-    def wait(self, job_ids: set[int]) -> None:
-        return
+        self._copy(dst_spec, src_spec, to_region=False)
+        return super().submit_load(job_id, src_spec, dst_spec, expedited)
 
 
 def redis_tier_entry(url: str, namespace: str = "tiny-llama@test", **options: Any) -> dict:

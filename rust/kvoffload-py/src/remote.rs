@@ -76,6 +76,26 @@ impl RemoteTier {
     /// Submits with the GIL released and records `buffer` as the job's owner under the same
     /// lock that `release` takes, so a completion cannot be handed out before its owner is
     /// recorded.
+    /// The keys, each with its chunk-sized span of the caller's buffer (`base + offset`).
+    fn items<B>(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        base: u64,
+        capacity: i64,
+        offsets: &[i64],
+        span: impl Fn(usize, usize) -> B,
+    ) -> PyResult<Vec<(Vec<u8>, B)>> {
+        let keys = self.keys(py, keys)?;
+        let addrs = self.spans(keys.len(), base, capacity, offsets)?;
+        let chunk = self.tier.chunk_bytes();
+        Ok(keys
+            .into_iter()
+            .zip(addrs)
+            .map(|(k, a)| (k, span(a, chunk)))
+            .collect())
+    }
+
     fn submit_owned(
         &self,
         py: Python<'_>,
@@ -296,17 +316,12 @@ impl RemoteTier {
         capacity: i64,
         offsets: Vec<i64>,
     ) -> PyResult<u64> {
-        let keys = self.keys(py, keys)?;
-        let addrs = self.spans(keys.len(), base, capacity, &offsets)?;
-        let chunk = self.tier.chunk_bytes();
-        let items = keys
-            .into_iter()
-            .zip(addrs)
-            // SAFETY: the span lies in the caller's buffer (checked above), which `buffer` owns
-            // and `owners` keeps alive until this job's completion; the caller leaves it
-            // unchanged until then (documented contract).
-            .map(|(k, a)| (k, unsafe { RawBuf::new(a as *const u8, chunk) }))
-            .collect();
+        // SAFETY: each span lies in the caller's buffer (checked by `items`), which `buffer`
+        // owns and `owners` keeps alive until this job's completion; the caller leaves it
+        // unchanged until then (documented contract).
+        let items = self.items(py, keys, base, capacity, &offsets, |a, n| unsafe {
+            RawBuf::new(a as *const u8, n)
+        })?;
         self.submit_owned(py, buffer, |t| t.submit_store(items))
     }
 
@@ -319,16 +334,11 @@ impl RemoteTier {
         capacity: i64,
         offsets: Vec<i64>,
     ) -> PyResult<u64> {
-        let keys = self.keys(py, keys)?;
-        let addrs = self.spans(keys.len(), base, capacity, &offsets)?;
-        let chunk = self.tier.chunk_bytes();
-        let items = keys
-            .into_iter()
-            .zip(addrs)
-            // SAFETY: as in `submit_store`; the caller also leaves the span untouched until then,
-            // and `Tier::submit_load` refuses overlapping spans.
-            .map(|(k, a)| (k, unsafe { RawBufMut::new(a as *mut u8, chunk) }))
-            .collect();
+        // SAFETY: as in `submit_store`; the caller also leaves the spans untouched until then,
+        // and `Tier::submit_load` refuses overlapping spans.
+        let items = self.items(py, keys, base, capacity, &offsets, |a, n| unsafe {
+            RawBufMut::new(a as *mut u8, n)
+        })?;
         self.submit_owned(py, buffer, |t| t.submit_load(items))
     }
 
