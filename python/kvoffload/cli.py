@@ -1,4 +1,5 @@
-"""The `kvoffload` command line: `kvoffload simulate` (see `kvoffload.simulate.command`)."""
+"""The `kvoffload` command line: `kvoffload simulate` (see `kvoffload.simulate.command`, its
+flags in `kvoffload.simulate.flags`)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,8 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 import kvoffload
-from kvoffload.simulate.command import (
-    SIMULATE_HELP,
-    OutputGone,
-    UsageError,
-    add_arguments,
-    run,
-    write_error,
-)
+from kvoffload.simulate.command import SIMULATE_HELP, RunFailed, run, write_error
+from kvoffload.simulate.flags import UsageError, add_arguments
 
 
 def _usage(prog: str, message: str) -> str:
@@ -52,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         write_error(_usage("kvoffload simulate", str(e)).rstrip("\n"))
         return 2
-    except OutputGone as e:
+    except RunFailed as e:
         write_error(f"kvoffload simulate: {e}")
         return 1
     except KeyboardInterrupt:

@@ -18,6 +18,10 @@ THREE = [
     {"id": "C", "arrival": 20, "prompt": [seg("sys", 64), seg("b", 16)], "output_tokens": 1},
 ]
 ENGINE = ["--gpu-blocks", "6", "--max-running", "1", *TINY]
+FLAT = [
+    "--prefill-tokens-per-s", "20000", "--decode-step-ms", "15",
+    "--prefill-attention-tokens", "0", "--hbm-gbps", "0",
+]  # fmt: skip
 
 
 def test_three_requests_give_exactly_the_computed_hits_and_writes(tmp_path, run_cli):
@@ -160,7 +164,8 @@ def test_the_readme_trace_example_runs_as_pasted(tmp_path, run_cli):
 
 
 def test_ttft_counts_from_the_arrival(tmp_path, run_cli):
-    # One request at a time. A (8,192 prompt tokens, arrival 0) prefills in one step of
+    # One request at a time, under the flat model (no attention term, no KV reads). A (8,192
+    # prompt tokens, arrival 0) prefills in one step of
     # 15 ms + 8,192 / 20,000 s = 0.4246 s and finishes with its first token. B arrives at 0.01 s
     # but runs only after A: its step ends at 0.4246 + 0.015 + 16 / 20,000 = 0.4404 s, so its
     # TTFT is 0.4304 s, not the 0.0158 s of its own step.
@@ -169,7 +174,7 @@ def test_ttft_counts_from_the_arrival(tmp_path, run_cli):
         {"id": "B", "arrival": 0.01, "prompt": [seg("b", 16)], "output_tokens": 1},
     ]
     trace = write_trace(tmp_path / "t.jsonl", lines)
-    _, out, _ = run_cli("--trace", trace, "--max-running", "1", *TINY)
+    _, out, _ = run_cli("--trace", trace, "--max-running", "1", *TINY, *FLAT)
     r = out["runs"][0]["result"]
     assert r["ttft_mean_s"] == pytest.approx((0.4246 + 0.4304) / 2)
     assert r["ttft_p90_s"] == pytest.approx(0.4304)
@@ -181,7 +186,7 @@ def test_verify_data_catches_blocks_reused_while_a_store_is_in_flight(
     pytest.importorskip("torch")
     from kvoffload.simulate import engine
 
-    finish = engine._Sim._finish
+    finish = engine.Instance._finish
 
     def free_blocks_at_once(self, finished):
         # An engine that ignores hold_blocks: frees the blocks its stores still read.
@@ -189,7 +194,7 @@ def test_verify_data_catches_blocks_reused_while_a_store_is_in_flight(
         for run in finished:
             self._release(run)
 
-    monkeypatch.setattr(engine._Sim, "_finish", free_blocks_at_once)
+    monkeypatch.setattr(engine.Instance, "_finish", free_blocks_at_once)
     # A's stores (5 chunks at 0.01 GB/s: 8 ms) are still in flight when B, arriving at once,
     # takes A's freed blocks and computes into them; C then loads what A's stores copied.
     lines = [THREE[0], {**THREE[1], "arrival": 0.001}, {**THREE[2], "arrival": 1}]
@@ -197,3 +202,18 @@ def test_verify_data_catches_blocks_reused_while_a_store_is_in_flight(
     code, out, _ = run_cli("--trace", trace, *ENGINE, "--pcie-gbps", "0.01", "--verify-data")
     assert code == 1
     assert out["runs"][0]["result"]["mismatched_blocks"] > 0
+
+
+def test_attention_and_kv_reads_lengthen_the_steps(tmp_path, run_cli):
+    # A: 8,192 prompt tokens, 2 output tokens; attention doubles a token's time at context 8,192.
+    # Step 1 (prefill): 15 ms + 8,192 / 20,000 x (1 + (8,191 / 2) / 8,192) s = 0.015 + 0.614375 s
+    # = 0.629375 s, the TTFT. Step 2 (decode) reads the KV of 8,192 tokens x 1,024 bytes at
+    # 1 GB/s: 15 ms + 8.388608 ms, so the run ends at 0.652763608 s (nothing is stored).
+    lines = [{"id": "A", "prompt": [seg("a", 8192)], "output_tokens": 2}]
+    trace = write_trace(tmp_path / "t.jsonl", lines)
+    model = ["--prefill-tokens-per-s", "20000", "--decode-step-ms", "15"]
+    model += ["--prefill-attention-tokens", "8192", "--hbm-gbps", "1", "--max-offload-tokens", "0"]
+    _, out, _ = run_cli("--trace", trace, *TINY, "--gpu-blocks", "1024", *model)
+    r = out["runs"][0]["result"]
+    assert r["ttft_mean_s"] == pytest.approx(0.629375)
+    assert r["simulated_seconds"] == pytest.approx(0.652763608)

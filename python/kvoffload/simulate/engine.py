@@ -3,11 +3,14 @@
 Per step: finished transfers are reported; arrived requests are admitted in order while fewer
 than `max_running` compute and the GPU has blocks for their whole prompt and output (reserved
 at admission, so nothing is preempted); then every running request computes one token (decode)
-or the next piece of its prompt within `max_batched_tokens` (chunked prefill), and the step takes
-`decode_step_ms` plus its prompt tokens over `prefill_tokens_per_s`. A request whose prefix the
-CPU tier holds first waits for its load, holding its blocks but not a `max_running` place (vLLM's
-WAITING_FOR_REMOTE_KVS). Transfers run one at a time per direction at `pcie_gbps`, from the step
-that submits them; their bytes move (with `--verify-data`) when they end.
+or the next piece of its prompt within `max_batched_tokens` (chunked prefill). A step takes
+`decode_step_ms`, plus its prompt tokens over `prefill_tokens_per_s` with an attention term that
+grows with their context, plus reading the decoding requests' KV at `hbm_gbps`. A request whose
+prefix the CPU tier holds first waits for its load, holding its blocks but not a `max_running`
+place (vLLM's WAITING_FOR_REMOTE_KVS). Transfers run one at a time per direction at `pcie_gbps`,
+from the step that submits them; their bytes move (with `--verify-data`) when they end.
+
+`fleet.py` runs one or more of these engines behind a router.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import heapq
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,7 +27,11 @@ from kvoffload.scheduler import OffloadConfig, OffloadScheduler, RequestUpdate
 from kvoffload.scheduler.jobs import LoadJob, StoreJob
 from kvoffload.simulate.gpu_cache import GpuPrefixCache
 from kvoffload.simulate.report import SimResult
-from kvoffload.simulate.workloads import SimRequest, block_hashes
+from kvoffload.simulate.workloads import Request
+from kvoffload.store import KeyList
+
+MIN_HBM_GBPS = 1.0
+"""The slowest GPU memory `hbm_gbps` takes (an H200 reads 4,800 GB/s): 0 turns it off."""
 
 
 @dataclass(frozen=True)
@@ -33,10 +40,16 @@ class EngineConfig:
     """GPU KV-cache blocks (prefix cache and running requests together)."""
     max_running: int = 16
     pcie_gbps: float = 25.0
-    """GB/s per direction (PCIe 4.0 x16 moves about 25)."""
-    prefill_tokens_per_s: float = 20_000.0
-    decode_step_ms: float = 15.0
-    """The time of a step that computes no prompt tokens."""
+    """GB/s per direction (PCIe 4.0 x16 moves about 25; an H200's PCIe 5.0 x16 about 50)."""
+    prefill_tokens_per_s: float = 30_000.0
+    """Prompt tokens per second at short context (see the README for the H200 numbers)."""
+    prefill_attention_tokens: float = 30_000.0
+    """The context length at which a prompt token's attention costs as much as the rest of its
+    compute, so a token at context `c` takes `(1 + c / this) / prefill_tokens_per_s`; 0: none."""
+    decode_step_ms: float = 6.0
+    """The time of a step that computes no prompt tokens, before reading the KV."""
+    hbm_gbps: float = 4_800.0
+    """GPU memory bandwidth: each step reads the KV of every decoding request; 0: free."""
     max_batched_tokens: int = 8192
     """Tokens one step computes at most (vLLM's `max_num_batched_tokens`)."""
 
@@ -49,18 +62,34 @@ class EngineConfig:
             # vLLM refuses this too: every running request must be able to decode each step.
             raise ValueError(
                 f"max_batched_tokens={self.max_batched_tokens} is less than "
-                f"max_running={self.max_running}: every running request decodes a token a step"
+                f"max_running={self.max_running}: every running request decodes one token a "
+                "step (vLLM refuses this too)"
             )
         for name in ("pcie_gbps", "prefill_tokens_per_s", "decode_step_ms"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name}={value!r} is invalid: expected a finite number > 0")
+        for name, least in (("prefill_attention_tokens", 1.0), ("hbm_gbps", MIN_HBM_GBPS)):
+            value = getattr(self, name)
+            # A tiny positive value would make a step take forever (an overflow to inf).
+            if not isinstance(value, (int, float)) or not (value == 0 or least <= value < math.inf):
+                raise ValueError(
+                    f"{name}={value!r} is invalid: expected 0 (off) or a finite number >= {least:g}"
+                )
 
-    def blocks_needed(self, request: SimRequest, tokens_per_block: int) -> int:
+    def prefill_seconds(self, context: int, n: int) -> float:
+        """Computing prompt tokens `context .. context + n`: their mean context sets the
+        attention share."""
+        per_token = 1.0
+        if self.prefill_attention_tokens:
+            per_token += (context + (n - 1) / 2) / self.prefill_attention_tokens
+        return n * per_token / self.prefill_tokens_per_s
+
+    def blocks_needed(self, request: Request, tokens_per_block: int) -> int:
         """GPU blocks the request holds at its end: KV exists for all but its last token."""
-        return -(-(len(request.prompt) + len(request.output) - 1) // tokens_per_block)
+        return -(-(request.num_prompt + request.num_output - 1) // tokens_per_block)
 
-    def largest(self, requests: Sequence[SimRequest], tokens_per_block: int) -> tuple[int, str]:
+    def largest(self, requests: Iterable[Request], tokens_per_block: int) -> tuple[int, str]:
         """The most GPU blocks one of `requests` needs, and which request that is."""
         req = max(requests, key=lambda r: self.blocks_needed(r, tokens_per_block))
         return self.blocks_needed(req, tokens_per_block), req.request_id
@@ -76,12 +105,17 @@ class DataCheck:
         """Submits nothing; returns how many of the load's blocks hold wrong bytes."""
         return 0
 
+    def close(self) -> None: ...
+
 
 @dataclass(eq=False)
-class _Run:
-    req: SimRequest
-    hashes: list[bytes]
+class Run:
+    req: Request
+    seq: int
+    """Its place in the workload: ties of arrival keep this order."""
     blocks_needed: int
+    hashes: list[bytes] = field(default_factory=list)
+    hashed: bool = False
     state: Literal["waiting", "loading", "prefill", "decode", "done"] = "waiting"
     blocks: list[int] = field(default_factory=list)
     reserved: int = 0
@@ -94,56 +128,75 @@ class _Run:
     released: bool = False
 
 
-class _Sim:
+class Instance:
+    """One engine: its GPU prefix cache, its scheduler and CPU tier, its clock. `on_finish`
+    hears of every finished request (the fleet releases the turns that follow it)."""
+
     def __init__(
         self,
-        requests: Sequence[SimRequest],
         engine: EngineConfig,
         config: OffloadConfig,
         bytes_per_chunk: int,
         data: DataCheck | None,
-        on_finish: Callable[[], None],
+        on_finish: Callable[[Run, float], None],
     ) -> None:
         self.engine = engine
         self.config = config
         self.tpb = config.tokens_per_block
         self.sched = OffloadScheduler.create(config, bytes_per_chunk)
         self.bytes_per_chunk = bytes_per_chunk
+        self.kv_bytes_per_token = bytes_per_chunk / config.tokens_per_chunk
         self.gpu = GpuPrefixCache(engine.gpu_blocks)
         self.data = data or DataCheck()
         self.verify = data is not None
         self.on_finish = on_finish
-        self.runs = {r.request_id: self._run(r) for r in requests}
-        self.children: dict[str, list[_Run]] = {}
-        self.arrivals: list[tuple[float, int, _Run]] = []
-        for i, run in enumerate(self.runs.values()):
-            if run.req.after is None:
-                self.arrivals.append((run.req.arrival, i, run))
-            else:
-                self.children.setdefault(run.req.after, []).append(run)
-        heapq.heapify(self.arrivals)
-        self.order = {rid: i for i, rid in enumerate(self.runs)}
-        if len(self.order) != len(requests):
-            raise ValueError("requests repeat a request_id")
-        unknown = sorted(set(self.children) - set(self.runs))
-        if unknown:
-            raise ValueError(f"requests follow unknown request ids: {unknown[:3]}")
+        self.live: dict[str, Run] = {}
+        self.arrivals: list[tuple[float, int, Run]] = []
         self.computing = 0
         """Running requests not waiting for a load: what `max_running` bounds."""
-        self.waiting: deque[_Run] = deque()
-        self.running: list[_Run] = []
+        self.waiting: deque[Run] = deque()
+        self.running: list[Run] = []
         self.reserved = 0
         self.link_free = {"store": 0.0, "load": 0.0}
         self.transfers: list[tuple[float, int, StoreJob | LoadJob, float]] = []
-        self.by_job: dict[int, _Run] = {}
+        self.by_job: dict[int, Run] = {}
         self.now = 0.0
-        self.res = SimResult(requests=len(requests))
+        self.res = SimResult()
         self.ttfts: list[float] = []
-        self.unfinished = len(requests)
+        self.unfinished = 0
+        self.cpu_hit_prefill_seconds = 0.0
 
-    def _run(self, req: SimRequest) -> _Run:
-        hashes = block_hashes(req.tokens, self.tpb)
-        return _Run(req, hashes, self.engine.blocks_needed(req, self.tpb))
+    def submit(self, run: Run, arrival: float) -> None:
+        """The request arrives here at `arrival` (not before this engine's clock)."""
+        self.live[run.req.request_id] = run
+        self.res.requests += 1
+        self.res.prompt_tokens += run.req.num_prompt
+        self.unfinished += 1
+        heapq.heappush(self.arrivals, (arrival, run.seq, run))
+
+    @property
+    def load(self) -> int:
+        """Requests here and not finished: what `least-loaded` compares."""
+        return self.unfinished
+
+    def next_event(self) -> float:
+        """When this engine next has something to do."""
+        if self.unfinished:
+            return self.now
+        return self.transfers[0][0] if self.transfers else math.inf
+
+    def cached_prefix_tokens(self, hashes: Sequence[bytes], num_prompt: int) -> int:
+        """Prompt tokens of the longest prefix this engine's GPU cache or CPU tier holds.
+
+        The larger of the two, not a GPU hit continued on the CPU tier as admission counts it:
+        the tier holds what this engine computed (offloaded as it is computed), so a GPU hit
+        the tier does not continue is rare, and a router that ranks by it is no worse for it."""
+        full = hashes[: num_prompt // self.tpb]
+        gpu = len(self.gpu.longest_hit(full, len(full))) * self.tpb
+        keys = KeyList()
+        keys.extend_chunk_keys(full, self.config.blocks_per_chunk)
+        cpu = self.sched.store.lookup_prefix(keys).hits * self.config.tokens_per_chunk
+        return max(gpu, cpu)
 
     def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
         t0 = time.perf_counter()
@@ -154,21 +207,22 @@ class _Sim:
 
     # --- the loop -----------------------------------------------------------------------------
 
-    def run(self) -> SimResult:
-        while self.unfinished:
-            self._complete_transfers()
-            self._arrive()
-            self._admit()
-            if not self._step():
-                self._idle()
-        while self.transfers:  # the last stores
+    def tick(self, horizon: float) -> None:
+        """One engine iteration; idles no later than `horizon` (the fleet's next arrival)."""
+        if not self.unfinished:  # only stores still finishing
             self.now = max(self.now, self.transfers[0][0])
             self._complete_transfers()
-        return self._result()
+            return
+        self._complete_transfers()
+        self._arrive()
+        self._admit()
+        if not self._step():
+            self._idle(horizon)
 
-    def _idle(self) -> None:
+    def _idle(self, horizon: float) -> None:
         """Nothing to compute: jump to the next transfer end or arrival."""
         times = [t[0] for t in self.transfers[:1]] + [t[0] for t in self.arrivals[:1]]
+        times += [horizon] if horizon < math.inf else []
         if not times:
             stuck = [r.req.request_id for r in self.waiting][:3]
             raise RuntimeError(f"the simulation stalled with {stuck} waiting and nothing to do")
@@ -184,7 +238,7 @@ class _Sim:
             self._timed(
                 self.sched.add_request,
                 run.req.request_id,
-                len(run.req.prompt),
+                run.req.num_prompt,
                 run.req.kv_transfer_params,
             )
             self.waiting.append(run)
@@ -193,7 +247,9 @@ class _Sim:
         tpb, blocked = self.tpb, []
         while self.waiting and self.computing < self.engine.max_running:
             run = self.waiting.popleft()
-            n_prompt = len(run.req.prompt)
+            if not run.hashed:  # only now: a long queue holds no hashes
+                run.hashes, run.hashed = run.req.block_hashes(tpb), True
+            n_prompt = run.req.num_prompt
             # vLLM computes at least the prompt's last token.
             hit = self.gpu.longest_hit(run.hashes, (n_prompt - 1) // tpb)
             num_local = len(hit) * tpb
@@ -219,6 +275,8 @@ class _Sim:
             run.computed, run.cached = num_local + ext, len(hit)
             self.res.gpu_hit_tokens += num_local
             self.res.cpu_hit_tokens += ext
+            # What computing them would have cost at their context, as `_step` charges it.
+            self.cpu_hit_prefill_seconds += self.engine.prefill_seconds(num_local, ext)
             self.res.recomputed_tokens += n_prompt - num_local - ext
             self.running.append(run)
             load = self._timed(self.sched.on_allocated, run.req.request_id, run.blocks, ext)
@@ -236,11 +294,14 @@ class _Sim:
         prefill)."""
         decodes = [r for r in self.running if r.state == "decode"]
         budget = self.engine.max_batched_tokens - len(decodes)
-        batch, prefill_tokens, updates = [], 0, []
+        batch, updates = [], []
+        seconds = self.engine.decode_step_ms / 1e3
+        kv_read = 0
         for run in decodes + [r for r in self.running if r.state == "prefill"]:
-            n_prompt = len(run.req.prompt)
+            n_prompt = run.req.num_prompt
             before = run.computed
             if run.state == "decode":
+                kv_read += run.computed
                 run.computed += 1
             elif budget <= 0:
                 continue
@@ -248,7 +309,7 @@ class _Sim:
                 # A prompt loaded whole still computes its last token (vLLM does so).
                 n = min(max(n_prompt - run.computed, 1), budget)
                 budget -= n
-                prefill_tokens += n
+                seconds += self.engine.prefill_seconds(min(run.computed, n_prompt - 1), n)
                 run.computed = min(run.computed + n, n_prompt)
             batch.append(run)
             new_blocks = []
@@ -266,27 +327,27 @@ class _Sim:
         if not batch:
             return False
         plan = self._timed(self.sched.plan_step, updates)
-        self.now += self.engine.decode_step_ms / 1e3 + prefill_tokens / (
-            self.engine.prefill_tokens_per_s
-        )
+        if self.engine.hbm_gbps:
+            seconds += kv_read * self.kv_bytes_per_token / (self.engine.hbm_gbps * 1e9)
+        self.now += seconds
         self.res.steps += 1
         finished = []
         for run in batch:
             self._cache_computed(run)
-            if run.computed < len(run.req.prompt):
+            if run.computed < run.req.num_prompt:
                 continue  # more of its prompt next step
             if run.state == "prefill":
                 run.state = "decode"
                 self.ttfts.append(self.now - run.eligible_at)
             run.generated += 1
-            if run.generated == len(run.req.output):
+            if run.generated == run.req.num_output:
                 finished.append(run)
         self._submit_stores(plan.store_jobs)
         if finished:
             self._finish(finished)
         return True
 
-    def _cache_computed(self, run: _Run, *, loaded: bool = False) -> None:
+    def _cache_computed(self, run: Run, *, loaded: bool = False) -> None:
         full = run.computed // self.tpb
         if full > run.cached:
             blocks = run.blocks[run.cached : full]
@@ -296,7 +357,7 @@ class _Sim:
             self.gpu.cache(blocks, hashes)
             run.cached = full
 
-    def _finish(self, finished: list[_Run]) -> None:
+    def _finish(self, finished: list[Run]) -> None:
         ids = [r.req.request_id for r in finished]
         plans = self._timed(self.sched.finish_requests, [(rid, None) for rid in ids])
         for run, plan in zip(finished, plans, strict=True):
@@ -305,15 +366,13 @@ class _Sim:
             self.computing -= 1
             self.reserved -= run.reserved
             self._submit_stores(plan.store_jobs)
+            del self.live[run.req.request_id]
             if not plan.hold_blocks:
                 self._release(run)
             self.unfinished -= 1
-            self.on_finish()
-            for child in self.children.pop(run.req.request_id, ()):
-                arrival = max(child.req.arrival, self.now)
-                heapq.heappush(self.arrivals, (arrival, self.order[child.req.request_id], child))
+            self.on_finish(run, self.now)
 
-    def _release(self, run: _Run) -> None:
+    def _release(self, run: Run) -> None:
         if not run.released:
             run.released = True
             self.gpu.release(run.blocks)
@@ -323,7 +382,7 @@ class _Sim:
     def _submit_stores(self, jobs: Sequence[StoreJob]) -> None:
         tpc = self.config.tokens_per_chunk
         for job in jobs:
-            n_prompt = len(self.runs[job.request_id].req.prompt)
+            n_prompt = self.live[job.request_id].req.num_prompt
             self.res.decode_chunks_written += int(((job.chunk_indices + 1) * tpc > n_prompt).sum())
             self._submit("store", job)
 
@@ -332,7 +391,7 @@ class _Sim:
         end = max(self.now, self.link_free[kind]) + seconds
         self.link_free[kind] = end
         heapq.heappush(self.transfers, (end, job.job_id, job, self.now))
-        self.by_job[job.job_id] = self.runs[job.request_id]
+        self.by_job[job.job_id] = self.live[job.request_id]
 
     def _complete_transfers(self) -> None:
         while self.transfers and self.transfers[0][0] <= self.now:
@@ -355,41 +414,26 @@ class _Sim:
             if result.request_released:
                 self._release(run)
 
-    def _result(self) -> SimResult:
+    def result(self) -> SimResult:
         res = self.res
         st, sc = self.sched.store.stats(), self.sched.stats()
-        res.prompt_tokens = sum(len(r.req.prompt) for r in self.runs.values())
         res.chunks_written, res.bytes_written = sc.chunks_stored, sc.bytes_stored
         res.chunks_read, res.bytes_read = sc.chunks_loaded, sc.bytes_loaded
         res.evictions, res.store_refusals = st.evictions, sc.store_refusals
         res.ignored_params = dict(sc.ignored_params)
-        res.prefill_seconds_saved = (
-            res.cpu_hit_tokens / self.engine.prefill_tokens_per_s - res.load_stall_seconds
-        )
+        res.prefill_seconds_saved = self.cpu_hit_prefill_seconds - res.load_stall_seconds
         res.simulated_seconds = self.now
-        if self.ttfts:
-            ttfts = sorted(self.ttfts)
-            res.ttft_mean_s = sum(ttfts) / len(ttfts)
-            res.ttft_p90_s = ttfts[math.ceil(0.9 * len(ttfts)) - 1]  # nearest rank
+        res.ttft_mean_s, res.ttft_p90_s, res.ttft_p99_s = ttft_stats(self.ttfts)
         return res
 
 
-def simulate(
-    requests: Sequence[SimRequest],
-    engine: EngineConfig,
-    config: OffloadConfig,
-    bytes_per_chunk: int,
-    *,
-    data: DataCheck | None = None,
-    on_finish: Callable[[], None] = lambda: None,
-) -> SimResult:
-    """Replays `requests` through the engine model with a fresh scheduler and CPU tier of
-    `config.cpu_bytes_to_use` bytes in chunks of `bytes_per_chunk` (see `OffloadConfig`)."""
-    if requests:
-        need, rid = engine.largest(requests, config.tokens_per_block)
-        if need > engine.gpu_blocks:
-            raise ValueError(
-                f"gpu_blocks={engine.gpu_blocks} is too small: request {rid!r} needs {need} "
-                f"blocks of {config.tokens_per_block} tokens"
-            )
-    return _Sim(requests, engine, config, bytes_per_chunk, data, on_finish).run()
+def ttft_stats(ttfts: list[float]) -> tuple[float, float, float]:
+    """Mean, p90 and p99 (nearest rank)."""
+    if not ttfts:
+        return 0.0, 0.0, 0.0
+    ordered = sorted(ttfts)
+
+    def rank(q: float) -> float:
+        return ordered[math.ceil(q * len(ordered)) - 1]
+
+    return sum(ordered) / len(ordered), rank(0.9), rank(0.99)

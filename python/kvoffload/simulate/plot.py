@@ -1,46 +1,77 @@
-"""`--plot FILE.png`: CPU hit rate and GB written against the CPU-tier size of a sweep."""
+"""`--plot FILE.png`: a sweep drawn against its axis. A CPU-tier sweep: CPU hit rate and GB
+written per size; a fleet sweep: hit rate and TTFT (mean solid, p99 dashed) per instance count."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kvoffload.simulate.report import SimResult
+from kvoffload.simulate.report import SimResult, all_hit_rate
+
+Series = tuple[str, str, Callable[[SimResult], float]]
+"""(label suffix, line style, value) of one line per setting."""
+
+# A sweep's axis: its x label, and each panel's y label and lines.
+PANELS: dict[str, tuple[str, list[tuple[str, list[Series]]]]] = {
+    "cpu_gib": (
+        "CPU tier (GiB)",
+        [
+            ("CPU-tier hits (% of prompt tokens)", [("", "-", lambda r: 100 * r.cpu_hit_rate)]),
+            ("GB written GPU->CPU", [("", "-", lambda r: r.bytes_written / 1e9)]),
+        ],
+    ),
+    "instances": (
+        "instances",
+        [
+            (
+                "prefix hits, GPU + CPU (% of prompt tokens)",
+                [("", "-", lambda r: 100 * all_hit_rate(r))],
+            ),
+            (
+                "TTFT s",
+                [(" mean", "-", lambda r: r.ttft_mean_s), (" p99", "--", lambda r: r.ttft_p99_s)],
+            ),
+        ],
+    ),
+}
 
 
 def plot_sweep(
     path: str | Path,
-    sizes: Sequence[float],
+    axis: str,
+    points: Sequence[float],
     labels: Sequence[str],
     results: Sequence[Sequence[SimResult]],
     title: str,
 ) -> None:
-    """Writes the PNG atomically: a reader never sees half a file, and a failed run leaves any
-    earlier plot in place. Raises `ImportError` without matplotlib."""
+    """Draws the sweep along `axis` (a key of `PANELS`); `results[i][j]` is point `points[i]`,
+    setting `labels[j]`. Writes the PNG atomically: a reader never sees half a file, and a
+    failed run leaves any earlier plot in place. Raises `ImportError` without matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (hits, written) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for j, label in enumerate(labels):
-        hits.plot(sizes, [100 * row[j].cpu_hit_rate for row in results], marker="o", label=label)
-        written.plot(
-            sizes, [row[j].bytes_written / 1e9 for row in results], marker="o", label=label
-        )
-    for ax, ylabel in (
-        (hits, "CPU-tier hits (% of prompt tokens)"),
-        (written, "GB written GPU->CPU"),
-    ):
+    xlabel, panels = PANELS[axis]
+    fig, axes = plt.subplots(1, len(panels), figsize=(10, 4), constrained_layout=True)
+    for ax, (ylabel, series) in zip(axes, panels, strict=True):
+        for j, label in enumerate(labels):
+            color = f"C{j}"
+            for suffix, style, value in series:
+                ys = [value(row[j]) for row in results]
+                ax.plot(points, ys, style, color=color, marker="o", label=label + suffix)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(list(sizes), [f"{s:g}" for s in sizes])
-        ax.set_xlabel("CPU tier (GiB)")
+        ax.set_xticks(list(points), [f"{p:g}" for p in points])
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(title, fontsize=9)
+    # The title's engine line is longer than the figure is wide.
+    lines = [part for line in title.splitlines() for part in textwrap.wrap(line, 150)]
+    fig.suptitle("\n".join(lines), fontsize=9)
     path = Path(path)
     # Created like any new file (umask applies), renamed over the target when complete.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -1,5 +1,5 @@
 """What a simulation measured, and how it is printed: one table, side by side when settings are
-compared, one row per CPU-tier size in a sweep."""
+compared; one row per point of a sweep (CPU-tier sizes or fleet sizes); one per instance."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ class SimResult:
     """GPU time saved: CPU hits at the prefill rate, minus the load stalls."""
     ttft_mean_s: float = 0.0
     ttft_p90_s: float = 0.0
+    ttft_p99_s: float = 0.0
     simulated_seconds: float = 0.0
     steps: int = 0
     scheduler_seconds: float = 0.0
@@ -143,44 +144,64 @@ def table(labels: Sequence[str], results: Sequence[SimResult]) -> str:
     return out
 
 
-def sweep_table(
-    sizes: Sequence[float], labels: Sequence[str], results: Sequence[Sequence[SimResult]]
-) -> str:
-    """One row per CPU-tier size and setting; `results[i][j]` is size `sizes[i]`, setting
-    `labels[j]`."""
-    rows = [
+def all_hit_rate(r: SimResult) -> float:
+    """Prompt tokens not recomputed: GPU and CPU hits together."""
+    return r.gpu_hit_rate + r.cpu_hit_rate
+
+
+# A sweep's axis: its column title, and the columns of each run.
+SWEEP_COLUMNS: dict[str, tuple[str, list[tuple[str, Callable[[SimResult], str]]]]] = {
+    "cpu_gib": (
+        "CPU GiB",
         [
-            "CPU GiB",
-            "setting",
-            "GPU hits",
-            "CPU hits",
-            "GB written",
-            "GB read",
-            "evictions",
-            "prefill s saved",
-        ]
-    ]
-    for size, per_setting in zip(sizes, results, strict=True):
+            ("GPU hits", lambda r: f"{r.gpu_hit_rate:.1%}"),
+            ("CPU hits", lambda r: f"{r.cpu_hit_rate:.1%}"),
+            ("GB written", lambda r: _gb(r.bytes_written)),
+            ("GB read", lambda r: _gb(r.bytes_read)),
+            ("evictions", lambda r: f"{r.evictions:,}"),
+            ("prefill s saved", lambda r: f"{r.prefill_seconds_saved:,.1f}"),
+        ],
+    ),
+    "instances": (
+        "instances",
+        [
+            ("GPU hits", lambda r: f"{r.gpu_hit_rate:.1%}"),
+            ("CPU hits", lambda r: f"{r.cpu_hit_rate:.1%}"),
+            ("all hits", lambda r: f"{all_hit_rate(r):.1%}"),
+            ("mean TTFT s", lambda r: f"{r.ttft_mean_s:.3f}"),
+            ("p90 TTFT s", lambda r: f"{r.ttft_p90_s:.3f}"),
+            ("p99 TTFT s", lambda r: f"{r.ttft_p99_s:.3f}"),
+            ("simulated s", lambda r: f"{r.simulated_seconds:,.1f}"),
+        ],
+    ),
+}
+
+
+def sweep_table(
+    axis: str,
+    points: Sequence[float],
+    labels: Sequence[str],
+    results: Sequence[Sequence[SimResult]],
+) -> str:
+    """One row per point of the sweep along `axis` (a key of `SWEEP_COLUMNS`) and setting;
+    `results[i][j]` is point `points[i]`, setting `labels[j]`."""
+    name, columns = SWEEP_COLUMNS[axis]
+    rows = [[name, "setting", *(title for title, _ in columns)]]
+    for point, per_setting in zip(points, results, strict=True):
         for label, r in zip(labels, per_setting, strict=True):
-            rows.append(
-                [
-                    f"{size:g}",
-                    label,
-                    f"{r.gpu_hit_rate:.1%}",
-                    f"{r.cpu_hit_rate:.1%}",
-                    _gb(r.bytes_written),
-                    _gb(r.bytes_read),
-                    f"{r.evictions:,}",
-                    f"{r.prefill_seconds_saved:,.1f}",
-                ]
-            )
+            rows.append([f"{point:g}", label, *(cell(r) for _, cell in columns)])
     return _grid(rows, right_from=2)
 
 
 def title(workload: Mapping[str, Any], engine: Mapping[str, Any]) -> str:
     """Two lines: the workload, and the engine model that ran it."""
     if "trace" in workload:
-        what = f"trace {workload['trace']} ({workload['requests']} requests)"
+        n = workload["requests"]
+        what = f"trace {workload['trace']} ({n:,} request{'s' * (n != 1)}"
+        if "format" in workload:
+            what += f", {workload['format']}, time scale {workload['time_scale']:g}"
+            what += f", from {workload['start']:g} s" if workload["start"] else ""
+        what += ")"
     else:
         sizes = ", ".join(
             f"{k.replace('_', ' ')} {v}" for k, v in workload.items() if k not in ("name", "seed")
@@ -192,9 +213,30 @@ def title(workload: Mapping[str, Any], engine: Mapping[str, Any]) -> str:
         f"{model}, {engine['tokens_per_block'] * engine['blocks_per_chunk']}-token chunks of "
         f"{engine['bytes_per_chunk'] / 2**20:g} MiB, GPU cache {engine['gpu_blocks']:,} blocks, "
         f"{engine['max_running']} running, {engine['max_batched_tokens']:,} tokens/step, PCIe "
-        f"{engine['pcie_gbps']:g} GB/s, prefill {engine['prefill_tokens_per_s']:,.0f} tok/s, "
-        f"decode step {engine['decode_step_ms']:g} ms"
+        f"{engine['pcie_gbps']:g} GB/s, prefill {engine['prefill_tokens_per_s']:,.0f} tok/s "
+        f"(attention x2 at {engine['prefill_attention_tokens']:,.0f}), decode step "
+        f"{engine['decode_step_ms']:g} ms + KV at {engine['hbm_gbps']:,.0f} GB/s"
     )
+
+
+def instance_table(results: Sequence[SimResult]) -> str:
+    """One row per instance of a fleet: what the router gave it and what its caches did."""
+    rows = [
+        ["instance", "requests", "GPU hits", "CPU hits", "GB written", "mean TTFT s", "p90 TTFT s"]
+    ]
+    for i, r in enumerate(results):
+        rows.append(
+            [
+                str(i),
+                f"{r.requests:,}",
+                f"{r.gpu_hit_rate:.1%}",
+                f"{r.cpu_hit_rate:.1%}",
+                _gb(r.bytes_written),
+                f"{r.ttft_mean_s:.3f}",
+                f"{r.ttft_p90_s:.3f}",
+            ]
+        )
+    return _grid(rows)
 
 
 def header(
@@ -202,16 +244,24 @@ def header(
     engine: Mapping[str, Any],
     sizes: Sequence[float],
     policies: Sequence[str],
+    fleet: str | None = None,
 ) -> str:
-    """The title and the CPU tier, then a blank line."""
+    """The title, the CPU tier and, for a fleet, its instances and router; then a blank
+    line."""
     tier = ", ".join(f"{s:g}" for s in sizes)
     caps = [
         f"{k} {engine[k]}"
         for k in ("max_load_tokens", "max_offload_tokens")
         if engine[k] is not None
     ]
+    fleet_line = (
+        f"\nfleet: {fleet} (instances x router), each its own GPU cache and CPU tier"
+        if fleet
+        else ""
+    )
     return (
         f"{title(workload, engine)}\nCPU tier {tier} GiB ({'/'.join(policies)})"
         + (f", {', '.join(caps)}" if caps else "")
+        + fleet_line
         + "\n"
     )

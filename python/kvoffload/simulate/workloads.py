@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -36,15 +36,45 @@ class SimRequest:
     def tokens(self) -> Tokens:
         return np.concatenate([self.prompt, self.output])
 
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.output)
+
+    def block_hashes(self, tokens_per_block: int) -> list[bytes]:
+        return block_hashes(self.tokens, tokens_per_block)
+
+
+class Request(Protocol):
+    """What the engine reads of a request; a trace's requests make their tokens only when asked,
+    so a replay holds the tokens of the live requests alone."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def arrival(self) -> float: ...
+    @property
+    def after(self) -> str | None: ...
+    @property
+    def kv_transfer_params(self) -> Mapping[str, Any] | None: ...
+    @property
+    def num_prompt(self) -> int: ...
+    @property
+    def num_output(self) -> int: ...
+    def block_hashes(self, tokens_per_block: int) -> list[bytes]: ...
+
 
 def block_hashes(tokens: Tokens, tokens_per_block: int) -> list[bytes]:
     """Chained hashes of the full blocks, as vLLM's prefix cache keys them: block `i`'s hash
     fingerprints all tokens up to its end."""
     out: list[bytes] = []
     prev = b""
-    for i in range(len(tokens) // tokens_per_block):
-        block = tokens[i * tokens_per_block : (i + 1) * tokens_per_block]
-        prev = hashlib.sha256(prev + block.tobytes()).digest()
+    raw, step = tokens.tobytes(), tokens_per_block * tokens.itemsize
+    for i in range(0, (len(tokens) // tokens_per_block) * step, step):
+        prev = hashlib.sha256(prev + raw[i : i + step]).digest()
         out.append(prev)
     return out
 
@@ -58,7 +88,7 @@ def segment_tokens(name: str, n: int) -> Tokens:
 class _Fresh:
     """Seeded random token ids: text no other request has seen."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int | Sequence[int]) -> None:
         self._rng = np.random.default_rng(seed)
 
     def __call__(self, n: int) -> Tokens:
