@@ -1,5 +1,6 @@
 """`RemoteClient`: the Rust data path (`kvoffload._rust.RemoteTier`) plus what only Python can do:
-keep each job's buffer alive until the job completes, and speak in `ConfigError`s at start-up."""
+find the address of any contiguous buffer (the abi3 binding has no buffer protocol), and speak in
+`ConfigError`s at start-up."""
 
 from __future__ import annotations
 
