@@ -18,6 +18,7 @@ from kvoffload.simulate.engine import DataCheck, EngineConfig
 from kvoffload.simulate.flags import UsageError, flag, workload_fields
 from kvoffload.simulate.fleet import FleetResult, simulate_fleet
 from kvoffload.simulate.models import DEFAULT_MODEL, MODELS
+from kvoffload.simulate.remote_tier import RemoteConfig
 from kvoffload.simulate.report import SimResult, header, instance_table, sweep_table, table, title
 from kvoffload.simulate.runs import Plan, Setting, plan
 from kvoffload.simulate.trace import Trace, TraceError, TraceOptions, load_trace
@@ -210,6 +211,15 @@ def run(args: argparse.Namespace) -> int:
     slots = {
         st.cpu_gib: _check_slots(size_flag, st.cpu_gib, bytes_per_chunk) for st in runs.cells()
     }
+    remote = None
+    if args.remote_gib is not None:
+        d = RemoteConfig(1)
+        remote = RemoteConfig(
+            _check_slots("--remote-gib", args.remote_gib, bytes_per_chunk),
+            gbps=d.gbps if args.remote_gbps is None else args.remote_gbps,
+            latency_ms=d.latency_ms if args.remote_latency_ms is None else args.remote_latency_ms,
+            seed=args.seed,
+        )
     if args.verify_data:
         pool = max(slots.values()) * args.blocks_per_chunk * PAGE_BYTES
         if pool > _MAX_VERIFY_BYTES:
@@ -244,11 +254,27 @@ def run(args: argparse.Namespace) -> int:
         "max_load_tokens": args.max_load_tokens,
         "max_offload_tokens": args.max_offload_tokens,
     }
+    if remote is not None:  # only then: without a shared tier the output is as it was
+        engine_info |= {
+            "remote_gib": args.remote_gib,
+            "remote_chunks": remote.capacity,
+            "remote_gbps": remote.gbps,
+            "remote_latency_ms": remote.latency_ms,
+        }
     bar = _progress(len(requests) * len(runs.cells()), args)
     try:
         grid = [
             [
-                _run(requests, engine, bytes_per_chunk, slots[st.cpu_gib], st, args, bar)
+                _run(
+                    requests,
+                    engine,
+                    bytes_per_chunk,
+                    slots[st.cpu_gib],
+                    remote if st.remote_gib is not None else None,
+                    st,
+                    args,
+                    bar,
+                )
                 for st in row
             ]
             for row in runs.grid
@@ -259,10 +285,14 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     if args.json:
-        out = {"workload": workload_info, "engine": engine_info, "runs": _json_runs(runs, grid)}
+        out = {
+            "workload": workload_info,
+            "engine": engine_info,
+            "runs": _json_runs(runs, grid, remote is not None),
+        }
         _emit(json.dumps(out, indent=2, allow_nan=False))
     else:
-        _emit(_text(runs, grid, workload_info, engine_info, args.per_instance))
+        _emit(_text(runs, grid, workload_info, engine_info, args.per_instance, remote is not None))
     totals = [[res.fleet for res in row] for row in grid]
     code = 0
     if args.plot is not None:
@@ -290,7 +320,8 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _json_runs(runs: Plan, grid: list[list[FleetResult]]) -> list[dict[str, Any]]:
+def _json_runs(runs: Plan, grid: list[list[FleetResult]], remote: bool) -> list[dict[str, Any]]:
+    """With `remote` (any run has a shared tier), each run's tier size and its counts too."""
     fleets = runs.fleet() is not None
     return [
         {
@@ -299,9 +330,10 @@ def _json_runs(runs: Plan, grid: list[list[FleetResult]]) -> list[dict[str, Any]
             "offload_prompt_only": st.offload_prompt_only,
             "eviction_policy": st.eviction_policy,
             **({"instances": st.instances, "router": st.router} if fleets else {}),
-            "result": _json_result(res.fleet),
+            **({"remote_gib": st.remote_gib} if remote else {}),
+            "result": _json_result(res.fleet, remote),
             **(
-                {"per_instance": [_json_result(r) for r in res.instances]}
+                {"per_instance": [_json_result(r, remote) for r in res.instances]}
                 if st.instances > 1
                 else {}
             ),
@@ -311,11 +343,24 @@ def _json_runs(runs: Plan, grid: list[list[FleetResult]]) -> list[dict[str, Any]
     ]
 
 
-def _json_result(res: SimResult) -> dict[str, Any]:
+_REMOTE_FIELDS = (
+    "remote_hit_tokens",
+    "remote_bytes_read",
+    "remote_bytes_written",
+    "remote_evictions",
+)
+
+
+def _json_result(res: SimResult, remote: bool) -> dict[str, Any]:
+    out = dataclasses.asdict(res)
+    if not remote:
+        for name in _REMOTE_FIELDS:
+            del out[name]
     return {
-        **dataclasses.asdict(res),
+        **out,
         "cpu_hit_rate": res.cpu_hit_rate,
         "gpu_hit_rate": res.gpu_hit_rate,
+        **({"remote_hit_rate": res.remote_hit_rate} if remote else {}),
     }
 
 
@@ -325,17 +370,19 @@ def _text(
     workload_info: dict[str, Any],
     engine_info: dict[str, Any],
     per_instance: bool,
+    remote: bool,
 ) -> str:
-    """The header, the table (or the sweep's), and with `per_instance` one table per fleet."""
+    """The header, the table (or the sweep's), and with `per_instance` one table per fleet;
+    with `remote` (any run has a shared tier), its rows and columns too."""
     cells = runs.cells()
     sizes = sorted({st.cpu_gib for st in cells})
     policies = sorted({st.eviction_policy for st in cells})
     out = [header(workload_info, engine_info, sizes, policies, runs.fleet())]
     totals = [[res.fleet for res in row] for row in grid]
     if runs.axis is None:
-        out.append(table(runs.labels, totals[0]))
+        out.append(table(runs.labels, totals[0], remote))
     else:
-        out.append(sweep_table(runs.axis, runs.points, runs.labels, totals))
+        out.append(sweep_table(runs.axis, runs.points, runs.labels, totals, remote))
     if per_instance:
         for settings, row in zip(runs.grid, grid, strict=True):
             for st, res in zip(settings, row, strict=True):
@@ -344,7 +391,8 @@ def _text(
                     what += [f"{st.instances} instances"] * (runs.axis == "instances")
                     what.append(f"{st.cpu_gib:g} GiB")
                     out.append(
-                        f"\nper instance ({', '.join(what)}):\n" + instance_table(res.instances)
+                        f"\nper instance ({', '.join(what)}):\n"
+                        + instance_table(res.instances, remote)
                     )
     return "\n".join(out)
 
@@ -354,6 +402,7 @@ def _run(
     engine: EngineConfig,
     bytes_per_chunk: int,
     num_slots: int,
+    remote: RemoteConfig | None,
     setting: Setting,
     args: argparse.Namespace,
     bar: Any,
@@ -385,6 +434,7 @@ def _run(
             router=setting.router,
             data=data,
             on_finish=(lambda: bar.update(1)) if bar is not None else (lambda: None),
+            remote=remote,
         )
     finally:
         for check in checks:

@@ -10,7 +10,9 @@ prefix the CPU tier holds first waits for its load, holding its blocks but not a
 place (vLLM's WAITING_FOR_REMOTE_KVS). Transfers run one at a time per direction at `pcie_gbps`,
 from the step that submits them; their bytes move (with `--verify-data`) when they end.
 
-`fleet.py` runs one or more of these engines behind a router.
+`fleet.py` runs one or more of these engines behind a router, with `remote_tier.py`'s shared
+tier behind them if asked: a request whose prefix continues there waits for it to be copied into
+the CPU tier (as for a chunk being stored), then loads it as a CPU hit.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kvoffload import _rust
 from kvoffload.scheduler import OffloadConfig, OffloadScheduler, RequestUpdate
 from kvoffload.scheduler.jobs import LoadJob, StoreJob
 from kvoffload.simulate.gpu_cache import GpuPrefixCache
+from kvoffload.simulate.remote_tier import RemoteLink
 from kvoffload.simulate.report import SimResult
 from kvoffload.simulate.workloads import Request
 from kvoffload.store import KeyList
@@ -126,11 +130,14 @@ class Run:
     generated: int = 0
     eligible_at: float = 0.0
     released: bool = False
+    promoted: set[int] = field(default_factory=set)
+    """Chunks copied from the remote tier for it: their loaded tokens are remote hits."""
 
 
 class Instance:
     """One engine: its GPU prefix cache, its scheduler and CPU tier, its clock. `on_finish`
-    hears of every finished request (the fleet releases the turns that follow it)."""
+    hears of every finished request (the fleet releases the turns that follow it); `remote` is
+    its link to the fleet's shared tier, if any."""
 
     def __init__(
         self,
@@ -139,6 +146,7 @@ class Instance:
         bytes_per_chunk: int,
         data: DataCheck | None,
         on_finish: Callable[[Run, float], None],
+        remote: RemoteLink | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
@@ -160,6 +168,10 @@ class Instance:
         self.link_free = {"store": 0.0, "load": 0.0}
         self.transfers: list[tuple[float, int, StoreJob | LoadJob, float]] = []
         self.by_job: dict[int, Run] = {}
+        self.remote = remote
+        self.promotions: list[tuple[float, int, KeyList]] = []
+        """Copies from the remote tier in flight: when they land, a tie-break, their keys."""
+        self.promotion_seq = 0
         self.now = 0.0
         self.res = SimResult()
         self.ttfts: list[float] = []
@@ -214,6 +226,7 @@ class Instance:
             self._complete_transfers()
             return
         self._complete_transfers()
+        self._complete_promotions()
         self._arrive()
         self._admit()
         if not self._step():
@@ -222,6 +235,7 @@ class Instance:
     def _idle(self, horizon: float) -> None:
         """Nothing to compute: jump to the next transfer end or arrival."""
         times = [t[0] for t in self.transfers[:1]] + [t[0] for t in self.arrivals[:1]]
+        times += [t[0] for t in self.promotions[:1]]
         times += [horizon] if horizon < math.inf else []
         if not times:
             stuck = [r.req.request_id for r in self.waiting][:3]
@@ -260,7 +274,9 @@ class Instance:
                 n_prompt,
                 run.hashes[: n_prompt // tpb],
             )
-            if ext is None:  # a chunk it needs is in flight: try again next step
+            # A chunk it needs is in flight, or now comes from the remote tier: try again next
+            # step.
+            if ext is None or (self.remote is not None and self._promote(run, num_local)):
                 blocked.append(run)
                 continue
             new_blocks = run.blocks_needed - len(hit)
@@ -274,7 +290,9 @@ class Instance:
             self.reserved += run.reserved
             run.computed, run.cached = num_local + ext, len(hit)
             self.res.gpu_hit_tokens += num_local
-            self.res.cpu_hit_tokens += ext
+            remote = self._remote_tokens(run, num_local, ext) if run.promoted else 0
+            self.res.cpu_hit_tokens += ext - remote
+            self.res.remote_hit_tokens += remote
             # What computing them would have cost at their context, as `_step` charges it.
             self.cpu_hit_prefill_seconds += self.engine.prefill_seconds(num_local, ext)
             self.res.recomputed_tokens += n_prompt - num_local - ext
@@ -287,6 +305,48 @@ class Instance:
                 run.state = "loading"
                 self._submit("load", load)
         self.waiting.extendleft(reversed(blocked))
+
+    def _promote(self, run: Run, num_local: int) -> bool:
+        """Starts copying into the CPU tier the chunks that continue its hit there from the
+        remote tier; True if it did. The window is the load's without `max_load_tokens`: the
+        scheduler's lookup caps what is loaded, not what is copied."""
+        assert self.remote is not None
+        n_prompt, tpc, store = run.req.num_prompt, self.config.tokens_per_chunk, self.sched.store
+        keys = KeyList()
+        keys.extend_chunk_keys(run.hashes[: n_prompt // self.tpb], self.config.blocks_per_chunk)
+        window = _rust.load_window(n_prompt, num_local, None, len(keys), tpc)
+        if window is None:
+            return False
+        first, end, _ = window
+        hits, pending = store.lookup_prefix(keys.view(first, end))
+        if pending:  # beyond a cap; the chunk is on its way here anyway
+            return False
+        start = first + hits
+        n = self.remote.tier.lookup_prefix(keys.view(start, end), self.now)
+        if not n:
+            return False
+        # The CPU hits before them first become the most recent, so that making room for the
+        # copy does not evict them; the copy's slots are pending, as a store's: not evictable,
+        # not loadable until it lands.
+        store.touch(keys.view(first, start), reuse=False)
+        plan = store.prepare_store(keys.view(start, start + n))
+        if plan is None or not plan.keys:  # no room now: it loads what the CPU tier has
+            return False
+        assert isinstance(plan.keys, KeyList)
+        lands = self.remote.read(len(plan.keys), self.now)
+        heapq.heappush(self.promotions, (lands, self.promotion_seq, plan.keys))
+        self.promotion_seq += 1
+        run.promoted.update(start + int(i) for i in plan.indices)
+        return True
+
+    def _remote_tokens(self, run: Run, num_local: int, ext: int) -> int:
+        """The loaded tokens `num_local .. num_local + ext` in chunks copied for it."""
+        tpc, end = self.config.tokens_per_chunk, num_local + ext
+        return sum(max(0, min((j + 1) * tpc, end) - max(j * tpc, num_local)) for j in run.promoted)
+
+    def _complete_promotions(self) -> None:
+        while self.promotions and self.promotions[0][0] <= self.now:
+            self.sched.store.complete_store(heapq.heappop(self.promotions)[2])
 
     def _step(self) -> bool:
         """Runs one forward pass over the running requests; False when there is none. Decodes
@@ -406,6 +466,8 @@ class Instance:
                     self.res.verified_chunks += len(job.slots)
             else:
                 self.data.store(job)
+                if self.remote is not None:
+                    self.remote.write(job.keys, self.now)
             result = self._timed(self.sched.complete_job, job_id, True)
             if isinstance(job, LoadJob):
                 run.state = "prefill"
@@ -421,6 +483,10 @@ class Instance:
         res.chunks_read, res.bytes_read = sc.chunks_loaded, sc.bytes_loaded
         res.evictions, res.store_refusals = st.evictions, sc.store_refusals
         res.ignored_params = dict(sc.ignored_params)
+        if self.remote is not None:
+            res.remote_bytes_read = self.remote.bytes_read
+            res.remote_bytes_written = self.remote.bytes_written
+            res.remote_evictions = self.remote.evictions
         res.prefill_seconds_saved = self.cpu_hit_prefill_seconds - res.load_stall_seconds
         res.simulated_seconds = self.now
         res.ttft_mean_s, res.ttft_p90_s, res.ttft_p99_s = ttft_stats(self.ttfts)

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from kvoffload.simulate.engine import MIN_HBM_GBPS, EngineConfig
 from kvoffload.simulate.fleet import ROUTERS
 from kvoffload.simulate.models import DEFAULT_MODEL, MODELS
+from kvoffload.simulate.remote_tier import RemoteConfig
 from kvoffload.simulate.trace import FORMATS
 from kvoffload.simulate.workloads import WORKLOADS
 from kvoffload.store import POLICY_NAMES
@@ -23,7 +24,7 @@ MAX_INSTANCES = 256
 _MAX_SWEEP = 16
 """Points of a sweep: each is a whole replay."""
 _COUNT_MAX = 1 << 20
-COMPARISONS = ("offload_prompt_only", "eviction_policy", "instances", "router")
+COMPARISONS = ("offload_prompt_only", "eviction_policy", "instances", "router", "shared_tier")
 T = TypeVar("T", int, float)
 
 
@@ -248,6 +249,22 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     )
     fl.add_argument("--router", choices=ROUTERS, help="places each request (default: round-robin)")
     fl.add_argument("--per-instance", action="store_true", help="also a table per instance")
+
+    rt = s.add_argument_group("shared remote tier (a Redis/Valkey server behind every instance)")
+    dr = RemoteConfig(1)
+    rt.add_argument("--remote-gib", type=_positive, metavar="GIB", help="its size (default: none)")
+    rt.add_argument(
+        "--remote-gbps",
+        type=_float_in(0.01, 10_000),
+        metavar="N",
+        help=f"GB/s of each instance's link to it, per direction (default: {dr.gbps:g})",
+    )
+    rt.add_argument(
+        "--remote-latency-ms",
+        type=_float_in(0, 10_000),
+        metavar="MS",
+        help=f"round trip of one batch of reads or writes (default: {dr.latency_ms:g})",
+    )
 
     r = s.add_argument_group("runs and output")
     r.add_argument("--compare", choices=COMPARISONS, help="run both values side by side")

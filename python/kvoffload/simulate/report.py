@@ -15,9 +15,11 @@ class SimResult:
     gpu_hit_tokens: int = 0
     """Prompt tokens found in the GPU prefix cache."""
     cpu_hit_tokens: int = 0
-    """Prompt tokens loaded from the CPU tier."""
+    """Prompt tokens loaded from the CPU tier (not copied there from the remote tier for it)."""
+    remote_hit_tokens: int = 0
+    """Prompt tokens copied from the shared remote tier to the CPU tier, then loaded."""
     recomputed_tokens: int = 0
-    """Prompt tokens computed (`prompt = GPU hits + CPU hits + recomputed`)."""
+    """Prompt tokens computed (`prompt = GPU hits + CPU hits + remote hits + recomputed`)."""
     chunks_written: int = 0
     decode_chunks_written: int = 0
     """Written chunks holding any token past the prompt."""
@@ -39,6 +41,12 @@ class SimResult:
     steps: int = 0
     scheduler_seconds: float = 0.0
     """Real time spent inside the offload scheduler (and store)."""
+    remote_bytes_read: int = 0
+    """Bytes copied from the remote tier to the CPU tier."""
+    remote_bytes_written: int = 0
+    """Bytes written from the CPU tier to the remote tier."""
+    remote_evictions: int = 0
+    """Keys the remote tier evicted for this instance's writes."""
     verified_chunks: int = 0
     mismatched_blocks: int = 0
     ignored_params: dict[str, int] = field(default_factory=dict)
@@ -46,6 +54,10 @@ class SimResult:
     @property
     def cpu_hit_rate(self) -> float:
         return self.cpu_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def remote_hit_rate(self) -> float:
+        return self.remote_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
     def gpu_hit_rate(self) -> float:
@@ -98,6 +110,16 @@ ROWS: list[tuple[str, Callable[[SimResult], tuple[float, str]]]] = [
     ),
 ]
 
+REMOTE_ROWS: dict[str, list[tuple[str, Callable[[SimResult], tuple[float, str]]]]] = {
+    "CPU-tier hits": [("remote-tier hits", _tokens("remote_hit_tokens"))],
+    "GB read CPU->GPU": [
+        ("GB read remote->CPU", lambda r: (r.remote_bytes_read, _gb(r.remote_bytes_read))),
+        ("GB written CPU->remote", lambda r: (r.remote_bytes_written, _gb(r.remote_bytes_written))),
+        ("remote evictions", lambda r: (r.remote_evictions, f"{r.remote_evictions:,}")),
+    ],
+}
+"""With a shared tier: the rows that follow the named row of `ROWS`."""
+
 
 def _change(a: float, b: float) -> str:
     if a == b:
@@ -119,13 +141,14 @@ def _grid(rows: Sequence[Sequence[str]], right_from: int = 1) -> str:
     )
 
 
-def table(labels: Sequence[str], results: Sequence[SimResult]) -> str:
+def table(labels: Sequence[str], results: Sequence[SimResult], remote: bool = False) -> str:
     """One column per result; with two, a last column of the change from the first (the
-    baseline) to the second."""
+    baseline) to the second; with `remote`, the shared tier's rows too."""
     rows = [["", *labels]]
     if len(results) == 2:
         rows[0].append("change")
-    for label, value in ROWS:
+    shown = [r for row in ROWS for r in [row, *(REMOTE_ROWS.get(row[0], []) if remote else [])]]
+    for label, value in shown:
         cells = [value(r) for r in results]
         row = [label] + [text for _, text in cells]
         if len(results) == 2 and label not in ("requests", "prompt tokens"):
@@ -145,8 +168,8 @@ def table(labels: Sequence[str], results: Sequence[SimResult]) -> str:
 
 
 def all_hit_rate(r: SimResult) -> float:
-    """Prompt tokens not recomputed: GPU and CPU hits together."""
-    return r.gpu_hit_rate + r.cpu_hit_rate
+    """Prompt tokens not recomputed: GPU, CPU and remote hits together."""
+    return r.gpu_hit_rate + r.cpu_hit_rate + r.remote_hit_rate
 
 
 # A sweep's axis: its column title, and the columns of each run.
@@ -177,15 +200,27 @@ SWEEP_COLUMNS: dict[str, tuple[str, list[tuple[str, Callable[[SimResult], str]]]
 }
 
 
+def _with_remote(
+    columns: list[tuple[str, Callable[[SimResult], str]]], remote: bool
+) -> list[tuple[str, Callable[[SimResult], str]]]:
+    """With a shared tier, its hit rate follows the CPU tier's."""
+    if not remote:
+        return columns
+    at = [title for title, _ in columns].index("CPU hits") + 1
+    return [*columns[:at], ("remote hits", lambda r: f"{r.remote_hit_rate:.1%}"), *columns[at:]]
+
+
 def sweep_table(
     axis: str,
     points: Sequence[float],
     labels: Sequence[str],
     results: Sequence[Sequence[SimResult]],
+    remote: bool = False,
 ) -> str:
     """One row per point of the sweep along `axis` (a key of `SWEEP_COLUMNS`) and setting;
     `results[i][j]` is point `points[i]`, setting `labels[j]`."""
     name, columns = SWEEP_COLUMNS[axis]
+    columns = _with_remote(columns, remote)
     rows = [[name, "setting", *(title for title, _ in columns)]]
     for point, per_setting in zip(points, results, strict=True):
         for label, r in zip(labels, per_setting, strict=True):
@@ -219,23 +254,25 @@ def title(workload: Mapping[str, Any], engine: Mapping[str, Any]) -> str:
     )
 
 
-def instance_table(results: Sequence[SimResult]) -> str:
-    """One row per instance of a fleet: what the router gave it and what its caches did."""
-    rows = [
-        ["instance", "requests", "GPU hits", "CPU hits", "GB written", "mean TTFT s", "p90 TTFT s"]
+def instance_table(results: Sequence[SimResult], remote: bool = False) -> str:
+    """One row per instance of a fleet: what the router gave it and what its caches did (with
+    `remote`, its shared-tier hits and GB over its link each way too)."""
+    columns: list[tuple[str, Callable[[SimResult], str]]] = [
+        ("requests", lambda r: f"{r.requests:,}"),
+        ("GPU hits", lambda r: f"{r.gpu_hit_rate:.1%}"),
+        ("CPU hits", lambda r: f"{r.cpu_hit_rate:.1%}"),
+        ("GB written", lambda r: _gb(r.bytes_written)),
+        ("mean TTFT s", lambda r: f"{r.ttft_mean_s:.3f}"),
+        ("p90 TTFT s", lambda r: f"{r.ttft_p90_s:.3f}"),
     ]
-    for i, r in enumerate(results):
-        rows.append(
-            [
-                str(i),
-                f"{r.requests:,}",
-                f"{r.gpu_hit_rate:.1%}",
-                f"{r.cpu_hit_rate:.1%}",
-                _gb(r.bytes_written),
-                f"{r.ttft_mean_s:.3f}",
-                f"{r.ttft_p90_s:.3f}",
-            ]
-        )
+    columns = _with_remote(columns, remote)
+    if remote:
+        columns[5:5] = [
+            ("GB net in", lambda r: _gb(r.remote_bytes_read)),
+            ("GB net out", lambda r: _gb(r.remote_bytes_written)),
+        ]
+    rows = [["instance", *(title for title, _ in columns)]]
+    rows += [[str(i), *(cell(r) for _, cell in columns)] for i, r in enumerate(results)]
     return _grid(rows)
 
 
@@ -246,8 +283,8 @@ def header(
     policies: Sequence[str],
     fleet: str | None = None,
 ) -> str:
-    """The title, the CPU tier and, for a fleet, its instances and router; then a blank
-    line."""
+    """The title, the CPU tier, for a fleet its instances and router, and the shared tier if
+    any; then a blank line."""
     tier = ", ".join(f"{s:g}" for s in sizes)
     caps = [
         f"{k} {engine[k]}"
@@ -263,5 +300,16 @@ def header(
         f"{title(workload, engine)}\nCPU tier {tier} GiB ({'/'.join(policies)})"
         + (f", {', '.join(caps)}" if caps else "")
         + fleet_line
+        + _remote_line(engine)
         + "\n"
+    )
+
+
+def _remote_line(engine: Mapping[str, Any]) -> str:
+    if "remote_gib" not in engine:
+        return ""
+    return (
+        f"\nshared tier {engine['remote_gib']:g} GiB ({engine['remote_chunks']:,} chunks, "
+        f"sampled LRU of 5 as Redis allkeys-lru) behind every instance, each linked at "
+        f"{engine['remote_gbps']:g} GB/s + {engine['remote_latency_ms']:g} ms per batch"
     )

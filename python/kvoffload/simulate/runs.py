@@ -21,7 +21,8 @@ DEFAULT_CPU_GIB = 8.0
 
 @dataclass(frozen=True)
 class Setting:
-    """One run: a fleet of `instances` behind `router`, each with a CPU tier of `cpu_gib`."""
+    """One run: a fleet of `instances` behind `router`, each with a CPU tier of `cpu_gib`, and
+    a shared tier of `remote_gib` behind them all (None: none)."""
 
     label: str
     offload_prompt_only: bool
@@ -29,6 +30,7 @@ class Setting:
     instances: int
     router: str
     cpu_gib: float
+    remote_gib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,15 @@ def _compared(args: argparse.Namespace) -> list[Setting]:
     n, router = args.instances or 1, args.router or "round-robin"
     cpu_gib = args.cpu_gib or DEFAULT_CPU_GIB
 
-    def setting(label: str, prompt_only: bool, policy: str, n: int, router: str) -> Setting:
-        return Setting(label, prompt_only, policy, n, router, cpu_gib)
+    def setting(
+        label: str,
+        prompt_only: bool,
+        policy: str,
+        n: int,
+        router: str,
+        remote_gib: float | None = args.remote_gib,
+    ) -> Setting:
+        return Setting(label, prompt_only, policy, n, router, cpu_gib, remote_gib)
 
     if args.compare == "offload_prompt_only":
         if args.offload_decode:
@@ -117,6 +126,13 @@ def _compared(args: argparse.Namespace) -> list[Setting]:
                 "count of 2 or more)"
             )
         return [setting(r, prompt_only, policy, n, r) for r in ROUTERS]
+    if args.compare == "shared_tier":
+        if args.remote_gib is None:
+            raise UsageError("--compare shared_tier needs --remote-gib (the shared tier's size)")
+        return [
+            setting("no shared tier", prompt_only, policy, n, router, None),
+            setting("shared tier", prompt_only, policy, n, router),
+        ]
     return [setting("result", prompt_only, policy, n, router)]
 
 
@@ -147,6 +163,14 @@ def _check_combinations(args: argparse.Namespace) -> None:
                 "--plot needs --sweep-cpu-gib or --sweep-instances (it plots the sweep)"
             )
         _check_plot(args.plot)
+    if args.remote_gib is None:
+        for name in ("remote_gbps", "remote_latency_ms"):
+            if getattr(args, name) is not None:
+                raise UsageError(f"--{name.replace('_', '-')} needs --remote-gib")
+    elif args.verify_data:
+        raise UsageError(
+            "--verify-data cannot be combined with --remote-gib: the shared tier moves no bytes"
+        )
     for given, name in ((args.per_instance, "--per-instance"), (args.router, "--router")):
         if given and _fleet_size(args) < 2:
             raise UsageError(
