@@ -39,15 +39,22 @@ def worst_pause(poll: Callable[[CpuStore, KeyList], object] | None, seconds: flo
         threads.append(threading.Thread(target=poller))
     for t in threads:
         t.start()
+    worst = spin_worst_pause(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return worst
+
+
+def spin_worst_pause(seconds: float) -> float:
+    """Spins a pure-Python loop for `seconds`; the longest gap between two of its iterations is
+    how long another thread kept it from running."""
     worst, last = 0.0, time.perf_counter()
     end = last + seconds
     while last < end:
         now = time.perf_counter()
         worst = max(worst, now - last)
         last = now
-    stop.set()
-    for t in threads:
-        t.join()
     return worst
 
 

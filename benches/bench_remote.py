@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from bench_gil import spin_worst_pause
 from kvoffload.remote import OK, RemoteClient, RemoteLookups, RemoteTierConfig
 from redis_server import redis_server
 
@@ -245,12 +246,7 @@ def worst_python_pause(url: str, pool: np.ndarray, seconds: float) -> float:
 
     t = threading.Thread(target=traffic)
     t.start()
-    worst, last = 0.0, time.perf_counter()
-    end = last + seconds
-    while last < end:
-        now = time.perf_counter()
-        worst = max(worst, now - last)
-        last = now
+    worst = spin_worst_pause(seconds)
     stop.set()
     t.join()
     c.close()
