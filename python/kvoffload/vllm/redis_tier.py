@@ -14,6 +14,7 @@ import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
 )
@@ -178,7 +179,7 @@ class RedisTier(SecondaryTierManager):
         self._submit(job_metadata, self._client.load)
 
     def _submit(self, job: TransferJob, submit: Any) -> None:
-        offsets = [int(c) * self.block_size_bytes for c in job.chunk_ids]
+        offsets = (job.chunk_ids.astype(np.int64) * self.block_size_bytes).tolist()
         try:
             rust_job = submit(list(job.keys), self._base, offsets)
         except (ValueError, TypeError) as exc:  # a slot outside the region: never silently
