@@ -175,7 +175,6 @@ class Instance:
         self.now = 0.0
         self.res = SimResult()
         self.ttfts: list[float] = []
-        self.unfinished = 0
         self.cpu_hit_prefill_seconds = 0.0
 
     def submit(self, run: Run, arrival: float) -> None:
@@ -183,30 +182,27 @@ class Instance:
         self.live[run.req.request_id] = run
         self.res.requests += 1
         self.res.prompt_tokens += run.req.num_prompt
-        self.unfinished += 1
         heapq.heappush(self.arrivals, (arrival, run.seq, run))
 
     @property
     def load(self) -> int:
         """Requests here and not finished: what `least-loaded` compares."""
-        return self.unfinished
+        return len(self.live)
 
     def next_event(self) -> float:
         """When this engine next has something to do."""
-        if self.unfinished:
+        if self.live:
             return self.now
         return self.transfers[0][0] if self.transfers else math.inf
 
-    def cached_prefix_tokens(self, hashes: Sequence[bytes], num_prompt: int) -> int:
-        """Prompt tokens of the longest prefix this engine's GPU cache or CPU tier holds.
+    def cached_prefix_tokens(self, full: Sequence[bytes], keys: KeyList) -> int:
+        """Prompt tokens of the longest prefix this engine's GPU cache or CPU tier holds, given
+        the prompt's full-block hashes and their chunk keys (the fleet makes both once).
 
         The larger of the two, not a GPU hit continued on the CPU tier as admission counts it:
         the tier holds what this engine computed (offloaded as it is computed), so a GPU hit
         the tier does not continue is rare, and a router that ranks by it is no worse for it."""
-        full = hashes[: num_prompt // self.tpb]
         gpu = len(self.gpu.longest_hit(full, len(full))) * self.tpb
-        keys = KeyList()
-        keys.extend_chunk_keys(full, self.config.blocks_per_chunk)
         cpu = self.sched.store.lookup_prefix(keys).hits * self.config.tokens_per_chunk
         return max(gpu, cpu)
 
@@ -221,7 +217,7 @@ class Instance:
 
     def tick(self, horizon: float) -> None:
         """One engine iteration; idles no later than `horizon` (the fleet's next arrival)."""
-        if not self.unfinished:  # only stores still finishing
+        if not self.live:  # only stores still finishing
             self.now = max(self.now, self.transfers[0][0])
             self._complete_transfers()
             return
@@ -429,7 +425,6 @@ class Instance:
             del self.live[run.req.request_id]
             if not plan.hold_blocks:
                 self._release(run)
-            self.unfinished -= 1
             self.on_finish(run, self.now)
 
     def _release(self, run: Run) -> None:

@@ -18,6 +18,7 @@ from kvoffload.simulate.engine import DataCheck, EngineConfig, Instance, Run, tt
 from kvoffload.simulate.remote_tier import RemoteConfig, RemoteLink, RemoteTier
 from kvoffload.simulate.report import SimResult
 from kvoffload.simulate.workloads import Request
+from kvoffload.store import KeyList
 
 ROUTERS = ("round-robin", "least-loaded", "prefix-affinity")
 
@@ -109,14 +110,15 @@ class _Fleet:
     def run(self) -> FleetResult:
         while True:
             nxt = self._next_arrival()
-            sim = min(self.sims, key=Instance.next_event)
-            if nxt is not None and nxt[0] <= sim.next_event():
+            t, i = min((s.next_event(), i) for i, s in enumerate(self.sims))
+            sim = self.sims[i]
+            if nxt is not None and nxt[0] <= t:
                 if self.pending and self.pending[0] is nxt:
                     heapq.heappop(self.pending)
                 else:
                     self.peeked = None
                 self._route(nxt[2], nxt[0])
-            elif sim.next_event() < math.inf:
+            elif t < math.inf:
                 sim.tick(nxt[0] if nxt is not None else math.inf)
             else:
                 break
@@ -140,8 +142,10 @@ class _Fleet:
         elif self.router == "prefix-affinity":
             # The longest cached prefix wins, then the least loaded. The hashes are not kept
             # on the run (admission makes them again): a long queue holds none.
-            hashes, n_prompt = run.req.block_hashes(self.tpb), run.req.num_prompt
-            rank = [(-s.cached_prefix_tokens(hashes, n_prompt), s.load) for s in sims]
+            full = run.req.block_hashes(self.tpb)[: run.req.num_prompt // self.tpb]
+            keys = KeyList()
+            keys.extend_chunk_keys(full, sims[0].config.blocks_per_chunk)
+            rank = [(-s.cached_prefix_tokens(full, keys), s.load) for s in sims]
         # Ties go to the first tied instance from `routed % n` on, cyclically: light load
         # spreads as under round-robin instead of piling on instance 0.
         best = min(range(n), key=lambda i: (rank[i], (i - self.routed) % n))

@@ -135,7 +135,6 @@ class Trace:
     offsets: np.ndarray
     """(arrival, line number, byte offset) of each request replayed, in arrival order: a
     structured array (`_OFFSETS`), 24 bytes a request."""
-    prompt_tokens: int
     largest: tuple[int, str]
     """The most tokens (prompt and output) of one request, and which request that is."""
     params: Mapping[str, int] | None = None
@@ -188,11 +187,11 @@ def load_trace(path: str | Path, options: TraceOptions | None = None) -> Trace:
         f = open(p, "rb")
     except OSError as e:
         raise TraceError(f"--trace {path}: cannot read it: {e.strerror or e}") from None
-    trace = Trace(str(path), opts.format or "", opts, np.empty(0, _OFFSETS), 0, (0, ""))
-    # Per request: arrival, line, byte offset, prompt and all tokens, kept compact (a million
+    trace = Trace(str(path), opts.format or "", opts, np.empty(0, _OFFSETS), (0, ""))
+    # Per request: arrival, line, byte offset and all tokens, kept compact (a million
     # lines take 40 MB, not the 400 of tuples); the largest request's id is read back at the end.
     arrivals = array.array("d")
-    lines, offsets, prompts, totals = (array.array("q") for _ in range(4))
+    lines, offsets, totals = (array.array("q") for _ in range(3))
     seen: dict[str, int] = {}
     with f:
         offset = 0
@@ -208,7 +207,6 @@ def load_trace(path: str | Path, options: TraceOptions | None = None) -> Trace:
                 arrivals.append(request.arrival)
                 lines.append(lineno)
                 offsets.append(offset)
-                prompts.append(request.num_prompt)
                 totals.append(request.num_prompt + request.num_output)
             offset += len(line)
         if not lines:
@@ -237,7 +235,6 @@ def load_trace(path: str | Path, options: TraceOptions | None = None) -> Trace:
     return dataclasses.replace(
         trace,
         offsets=chosen,
-        prompt_tokens=int(np.frombuffer(prompts, dtype=np.int64)[order].sum()),
         largest=(totals[big], big_request.request_id),
     )
 
