@@ -3,9 +3,12 @@
 `RemoteTierConfig` reads a `secondary_tiers` entry, `TierIdentity` makes the namespace digest that
 keeps incompatible replicas apart, `RemoteLookups` answers existence checks without blocking, and
 `RemoteClient` runs store, load and lookup jobs on the Rust
-data path (`rust/kvoffload-remote`). The vLLM seam is `kvoffload.vllm.RedisTier`.
+data path (`rust/kvoffload-remote`), `ShardIO` moves one worker's shard of each chunk between its
+CPU slots and the tier, and `SeedCanary` checks that replicas hash blocks alike. The vLLM seams are
+`kvoffload.vllm.RedisTier` and `KVOffloadConnector`'s `secondary_tiers`.
 """
 
+from kvoffload.remote.canary import SeedCanary
 from kvoffload.remote.client import (
     CORRUPT,
     DROPPED,
@@ -19,6 +22,7 @@ from kvoffload.remote.client import (
 from kvoffload.remote.config import RemoteTierConfig
 from kvoffload.remote.lookups import RemoteLookups
 from kvoffload.remote.namespace import FORMAT_VERSION, TierIdentity
+from kvoffload.remote.shard import ShardIO
 
 __all__ = [
     "CORRUPT",
@@ -32,5 +36,7 @@ __all__ = [
     "RemoteClient",
     "RemoteLookups",
     "RemoteTierConfig",
+    "SeedCanary",
+    "ShardIO",
     "TierIdentity",
 ]

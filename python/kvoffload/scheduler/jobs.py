@@ -46,6 +46,17 @@ class LoadJob:
 
 
 @dataclass(frozen=True)
+class RemoteJob:
+    """A transfer between CPU slots and the shared tier, `keys[i]` <-> `slots[i]`, each worker its
+    own shard of every chunk. A promotion fills the slots (its keys are pending in the CPU tier
+    until every worker has reported); a cascade writes them on (they stay pinned until then)."""
+
+    job_id: int
+    keys: KeyList
+    slots: IntArray
+
+
+@dataclass(frozen=True)
 class RequestUpdate:
     """What one engine step did to a running request."""
 
@@ -66,6 +77,10 @@ class StepPlan:
     flush_job_ids: list[int] = field(default_factory=list)
     """In-flight jobs (stores reading, or loads writing, a GPU block the engine just
     reallocated): wait for them before the step's forward pass."""
+    promote_jobs: list[RemoteJob] = field(default_factory=list)
+    """Promotions from the shared tier that lookups started since the last plan."""
+    cascade_jobs: list[RemoteJob] = field(default_factory=list)
+    """Chunks whose stores completed since the last plan, to write on to the shared tier."""
 
 
 @dataclass(frozen=True)

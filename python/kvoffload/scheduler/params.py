@@ -54,3 +54,60 @@ def parse_token_cap(
     )
     ignored[key] = ignored.get(key, 0) + 1
     return None
+
+
+KV_LOAD_TIERS = "kv_load_tiers"
+_MEDIA = frozenset({"CPU", "STORAGE"})
+_LOCALITIES = frozenset({"LOCAL", "REMOTE"})
+
+TierMatcher = tuple[str | None, str | None]
+"""`(medium, locality)`, upper case; `None` matches any."""
+
+
+def parse_load_tiers(
+    request_id: str, params: Mapping[str, Any], ignored: dict[str, int]
+) -> tuple[TierMatcher, ...] | None:
+    """The request's `kv_load_tiers` filter, parsed as vLLM 0.33's `OffloadingConnector` parses
+    it (`_parse_tier_filter`): a list of `{"medium": ..., "locality": ...}` matchers (either key
+    may be left out; values case-insensitive). `None` allows every tier: the key absent, not a
+    list, or only invalid entries. `[]` allows none. An invalid entry is skipped with one warning
+    and counted in `ignored[kv_load_tiers]`. As in vLLM, the filter selects among the tiers behind
+    the CPU tier; the CPU tier itself is always looked up."""
+    raw = params.get(KV_LOAD_TIERS)
+    if raw is None:
+        return None
+
+    def skip(why: str) -> None:
+        logger.warning("request %s: kv_load_tiers %s; ignoring it", request_id, why)
+        ignored[KV_LOAD_TIERS] = ignored.get(KV_LOAD_TIERS, 0) + 1
+
+    if not isinstance(raw, list):
+        skip(f"={raw!r} ({type(raw).__name__}) is not a list")
+        return None
+    matchers: list[TierMatcher] = []
+    for entry in raw:
+        if not isinstance(entry, dict):
+            skip(f"entry {entry!r} is not a dict")
+            continue
+        matcher: list[str | None] = []
+        for key, allowed in (("medium", _MEDIA), ("locality", _LOCALITIES)):
+            value = entry.get(key)
+            if value is None:
+                matcher.append(None)
+            elif isinstance(value, str) and value.upper() in allowed:
+                matcher.append(value.upper())
+            else:
+                skip(f"entry {entry!r}: {key}={value!r} is not one of {sorted(allowed)}")
+                break
+        else:
+            matchers.append((matcher[0], matcher[1]))
+    if not matchers and raw:
+        return None
+    return tuple(matchers)
+
+
+def tier_allowed(matchers: tuple[TierMatcher, ...] | None, medium: str, locality: str) -> bool:
+    """Whether a tier of `medium` and `locality` passes a `parse_load_tiers` filter."""
+    if matchers is None:
+        return True
+    return any(m in (None, medium) and loc in (None, locality) for m, loc in matchers)

@@ -41,8 +41,11 @@ from kvoffload.scheduler.params import (
     MAX_LOAD_TOKENS,
     MAX_OFFLOAD_TOKENS,
     checked_params,
+    parse_load_tiers,
     parse_token_cap,
+    tier_allowed,
 )
+from kvoffload.scheduler.shared_tier import Lookups, SharedTier
 from kvoffload.scheduler.stats import SchedulerStats
 from kvoffload.store import CpuStore, KeyList
 
@@ -103,6 +106,8 @@ class _Request:
     finished: bool = False
     rank: int | None = None
     """The request's place in the store's LRU order, drawn at its first store or load."""
+    load_remote: bool = True
+    """Its `kv_load_tiers` let it load from the shared tier."""
 
 
 class _CheckedUpdate(NamedTuple):
@@ -121,8 +126,19 @@ class _InFlight:
 
 
 class OffloadScheduler:
-    def __init__(self, config: OffloadConfig, store: CpuStore, *, bytes_per_chunk: int = 0) -> None:
-        """`bytes_per_chunk` (all workers together) only feeds the byte counters of the stats."""
+    def __init__(
+        self,
+        config: OffloadConfig,
+        store: CpuStore,
+        *,
+        bytes_per_chunk: int = 0,
+        remote: Lookups | None = None,
+        world_size: int = 1,
+        remote_locality: str = "REMOTE",
+    ) -> None:
+        """`bytes_per_chunk` (all workers together) only feeds the byte counters of the stats.
+        With `remote` (a `RemoteLookups`), a shared tier of `remote_locality` stands behind the
+        CPU tier, moved by `world_size` workers (see `SharedTier`)."""
         self.config = config
         self.store = store
         self.bytes_per_chunk = bytes_per_chunk
@@ -131,10 +147,24 @@ class OffloadScheduler:
         self._next_job_id = 0
         self._loads_in_flight = 0
         self._stats = SchedulerStats()
+        self.shared_tier = (
+            None
+            if remote is None
+            else SharedTier(
+                store, remote, self._stats, world_size=world_size, locality=remote_locality
+            )
+        )
 
     @classmethod
     def create(
-        cls, config: OffloadConfig, bytes_per_chunk: int, *, enable_events: bool = False
+        cls,
+        config: OffloadConfig,
+        bytes_per_chunk: int,
+        *,
+        enable_events: bool = False,
+        remote: Lookups | None = None,
+        world_size: int = 1,
+        remote_locality: str = "REMOTE",
     ) -> OffloadScheduler:
         """A scheduler with its own CPU-tier store sized from `config.cpu_bytes_to_use`."""
         store = CpuStore(
@@ -142,7 +172,14 @@ class OffloadScheduler:
             config.eviction_policy,
             enable_events=enable_events,
         )
-        return cls(config, store, bytes_per_chunk=bytes_per_chunk)
+        return cls(
+            config,
+            store,
+            bytes_per_chunk=bytes_per_chunk,
+            remote=remote,
+            world_size=world_size,
+            remote_locality=remote_locality,
+        )
 
     # --- request lifecycle -------------------------------------------------------------------
 
@@ -153,7 +190,8 @@ class OffloadScheduler:
         kv_transfer_params: Mapping[str, Any] | None = None,
     ) -> None:
         """Starts tracking a request. `kv_transfer_params` that are not a mapping, and invalid
-        caps in it, are ignored with one warning each and counted in `stats().ignored_params`."""
+        caps or `kv_load_tiers` entries in it, are ignored with one warning each and counted in
+        `stats().ignored_params`."""
         if request_id in self._requests:
             raise ValueError(f"request_id={request_id!r} is already tracked")
         num_prompt_tokens = _count("num_prompt_tokens", num_prompt_tokens)
@@ -170,6 +208,12 @@ class OffloadScheduler:
             ),
             num_tokens=num_prompt_tokens,
         )
+        if self.shared_tier is not None:
+            tiers = parse_load_tiers(request_id, kv_transfer_params, ignored)
+            shared = self.shared_tier
+            self._requests[request_id].load_remote = tier_allowed(
+                tiers, shared.medium, shared.locality
+            )
 
     def lookup(
         self, request_id: str, num_local_tokens: int, num_tokens: int, block_hashes: Sequence[bytes]
@@ -177,7 +221,10 @@ class OffloadScheduler:
         """Tokens beyond the `num_local_tokens` already on the GPU that can be loaded from the CPU
         tier (0 or at least one chunk), or `None`: ask again next step (a needed chunk is still
         being stored or is being loaded for another request, or the request still has jobs in
-        flight from before a preemption)."""
+        flight from before a preemption, or the shared tier is being asked or promoting).
+
+        A lookup that starts a promotion reserves CPU slots and may evict: the engine must call
+        `on_allocated` for a request before it looks the next one up (as vLLM does)."""
         req = self._request(request_id)
         num_local_tokens = _count("num_local_tokens", num_local_tokens)
         num_tokens = _count("num_tokens", num_tokens)
@@ -202,6 +249,11 @@ class OffloadScheduler:
         if pending:
             self._stats.deferred_lookups += 1
             return None
+        shared = self.shared_tier
+        if shared is not None and req.load_remote and first + hits < end:
+            if shared.promote(req.request_id, req.keys, first, first + hits, end, self._rank(req)):
+                self._stats.deferred_lookups += 1
+                return None
         loadable = _rust.loadable_tokens(window, hits, num_local_tokens, tpc)
         if loadable and self._loads_in_flight:
             # Chunks another request is loading now will be GPU prefix-cache hits once that load
@@ -282,7 +334,10 @@ class OffloadScheduler:
             raise ValueError(f"updates name a request twice: {sorted(ids)}")
         flush = self._jobs_touching(realloc)
         jobs = [job for c in checked if (job := self._store_update(c)) is not None]
-        return StepPlan(jobs, flush)
+        if self.shared_tier is None:
+            return StepPlan(jobs, flush)
+        promotions, cascades = self.shared_tier.take_jobs()
+        return StepPlan(jobs, flush, promotions, cascades)
 
     def preempt_request(self, request_id: str) -> list[int]:
         """The engine takes the request's GPU blocks back. Returns its in-flight jobs: wait for
@@ -327,6 +382,8 @@ class OffloadScheduler:
             # not a reuse (loads counted theirs), so ARC keeps once-stored chunks in its T1.
             self.store.touch(req.keys.view(0, req.stored_chunks), reuse=False)
             req.finished = True
+            if self.shared_tier is not None:
+                self.shared_tier.finish_request(req.request_id)
             if not req.jobs:
                 del self._requests[req.request_id]
             # A preempted request holds no GPU blocks: its jobs were flushed before they were
@@ -362,6 +419,8 @@ class OffloadScheduler:
             if success:
                 self._stats.chunks_stored += n
                 self._stats.bytes_stored += n * self.bytes_per_chunk
+                if self.shared_tier is not None:
+                    self.shared_tier.stored(job.keys)
             else:
                 self._stats.store_failures += 1
         else:
@@ -403,7 +462,8 @@ class OffloadScheduler:
 
     @property
     def has_jobs_in_flight(self) -> bool:
-        return bool(self._jobs)
+        """Copies, or shared-tier jobs and lookups, not yet reported."""
+        return bool(self._jobs) or (self.shared_tier is not None and self.shared_tier.has_work)
 
     def stats(self) -> SchedulerStats:
         """A snapshot of the counters."""

@@ -170,3 +170,5 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._worker_side is not None:
             self._worker_side.shutdown()
+        if self._scheduler_side is not None:
+            self._scheduler_side.shutdown()

@@ -9,7 +9,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-from kvoffload.scheduler import LoadJob, StoreJob
+from kvoffload.scheduler import LoadJob, RemoteJob, StoreJob
 
 
 @dataclass
@@ -24,6 +24,10 @@ class KVOffloadMetadata(KVConnectorMetadata):
     held_request_ids: list[str] = field(default_factory=list)
     """Finished requests whose GPU blocks vLLM keeps until each worker reports them in
     `finished_sending` (once their stores are done)."""
+    promotions: list[RemoteJob] = field(default_factory=list)
+    """Shared tier -> CPU slots, each worker its own shard."""
+    cascades: list[RemoteJob] = field(default_factory=list)
+    """CPU slots -> shared tier, each worker its own shard."""
 
 
 @dataclass
@@ -32,12 +36,28 @@ class KVOffloadWorkerMetadata(KVConnectorWorkerMetadata):
     vLLM merges the workers' objects with `aggregate`."""
 
     results: dict[int, tuple[int, bool]] = field(default_factory=dict)
+    promoted: dict[int, tuple[int, bytes]] = field(default_factory=dict)
+    """Promotions ended: `job_id -> (workers, per key 1 if every one of them filled it)`."""
+    cascaded: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    """Cascades ended: `job_id -> (workers, shards written, shards not written)`."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVOffloadWorkerMetadata:
-        """Both objects' reports: counts add up, a job is ok only if every report says so."""
+        """Both objects' reports: counts add up, a job (a promoted key) is ok only if every
+        report says so."""
         assert isinstance(other, KVOffloadWorkerMetadata)
-        merged = dict(self.results)
+        results = dict(self.results)
         for job_id, (count, ok) in other.results.items():
-            seen, all_ok = merged.get(job_id, (0, True))
-            merged[job_id] = (seen + count, all_ok and ok)
-        return KVOffloadWorkerMetadata(merged)
+            seen, all_ok = results.get(job_id, (0, True))
+            results[job_id] = (seen + count, all_ok and ok)
+        promoted = dict(self.promoted)
+        for job_id, (workers, filled) in other.promoted.items():
+            if job_id in promoted:
+                seen, mine = promoted[job_id]
+                workers += seen
+                filled = bytes(min(a, b) for a, b in zip(mine, filled, strict=True))
+            promoted[job_id] = (workers, filled)
+        cascaded = dict(self.cascaded)
+        for job_id, (workers, written, dropped) in other.cascaded.items():
+            w, wr, dr = cascaded.get(job_id, (0, 0, 0))
+            cascaded[job_id] = (w + workers, wr + written, dr + dropped)
+        return KVOffloadWorkerMetadata(results, promoted, cascaded)

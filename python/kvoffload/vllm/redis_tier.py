@@ -9,7 +9,6 @@ threads, without the GIL. Every call here runs on the scheduler thread and only 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -40,7 +39,7 @@ from vllm.v1.kv_offload.tiering.base import (
     TransferJob,
 )
 
-from kvoffload.errors import ConfigError, KVOffloadError
+from kvoffload.errors import ConfigError
 from kvoffload.remote import (
     CORRUPT,
     EXISTS,
@@ -51,13 +50,13 @@ from kvoffload.remote import (
     RemoteTierConfig,
     TierIdentity,
 )
+from kvoffload.remote.canary import SeedCanary
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
 
 logger = logging.getLogger(__name__)
 
-_CANARY = b"vllm-none-hash"
 # Counters of the Rust data path exported as Prometheus counters (name -> help text).
 _COUNTERS = {
     "corrupt": "Values that failed the header or CRC32C check (each one deleted, never served).",
@@ -108,7 +107,7 @@ class RedisTier(SecondaryTierManager):
         if config.enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events:
             self._events = []
         self._reported = {name: 0 for name in _COUNTERS}
-        self._canary: threading.Thread | None = None
+        self._canary = SeedCanary(self._client, logger)
         self._warned_at = -_WARN_EVERY_S
         self._failed_since_warning = 0
         if self._client.startup_error is not None:
@@ -117,43 +116,6 @@ class RedisTier(SecondaryTierManager):
                 "and retries in the background",
                 self.config.masked_url,
                 self._client.startup_error,
-            )
-
-    def _start_canary(self) -> None:
-        """Checks, once, that the replicas sharing the namespace hash blocks alike. vLLM builds
-        the tiers before it sets NONE_HASH, so this waits for the first step, and runs on a
-        thread of its own: a network round trip has no place on the scheduler thread."""
-        none_hash = getattr(kv_cache_utils, "NONE_HASH", None)
-        if none_hash is None or self._canary is not None:
-            return
-        self._canary = threading.Thread(
-            target=self._check_canary,
-            args=(bytes(none_hash),),
-            name="kvoffload-canary",
-            daemon=True,
-        )
-        self._canary.start()
-
-    def _check_canary(self, none_hash: bytes) -> None:
-        try:
-            outcome, theirs = self._client.canary(_CANARY, none_hash)
-        except KVOffloadError as exc:  # e.g. closed meanwhile: a warning at most, never a stop
-            outcome, theirs = "down", str(exc).encode()
-        if outcome == "down":
-            logger.info(
-                "RedisTier %s: hash-seed canary not checked (%s)",
-                self.config.masked_url,
-                (theirs or b"").decode(errors="replace"),
-            )
-        elif outcome == "differs":
-            logger.warning(
-                "RedisTier %s namespace %r: another replica hashes blocks from a different seed "
-                "(NONE_HASH %s here, %s there), so no prefix will be shared between them. Set the "
-                "same PYTHONHASHSEED on every replica, or use a sha256 prefix-caching hash.",
-                self.config.masked_url,
-                self.config.namespace,
-                none_hash.hex()[:16],
-                (theirs or b"").hex()[:16],
             )
 
     # --- lookups ---------------------------------------------------------------------------
@@ -283,8 +245,10 @@ class RedisTier(SecondaryTierManager):
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._lookups.flush()
-        if self._canary is None:
-            self._start_canary()
+        # vLLM builds the tiers before it sets NONE_HASH: the canary waits for the first step.
+        none_hash = getattr(kv_cache_utils, "NONE_HASH", None)
+        if none_hash is not None:
+            self._canary.start(bytes(none_hash))
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self._events:
@@ -335,8 +299,7 @@ class RedisTier(SecondaryTierManager):
         return {k: v if k in _GAUGES else v + lookups.get(k, 0) for k, v in data.items()}
 
     def shutdown(self) -> None:
-        if self._canary is not None:
-            self._canary.join(timeout=self.config.connect_timeout_s)
+        self._canary.join()
         self.drain_jobs()
         self._client.close()
         self._lookup_client.close()

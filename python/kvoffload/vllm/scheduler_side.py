@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.utils import yield_req_data
+from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 from vllm.v1.request import RequestStatus
 
+from kvoffload.remote import RemoteClient, RemoteLookups, SeedCanary
 from kvoffload.scheduler import LoadJob, OffloadScheduler, RequestUpdate, SchedulerStats
 from kvoffload.vllm.metadata import KVOffloadMetadata, KVOffloadWorkerMetadata
 from kvoffload.vllm.settings import ConnectorSettings
@@ -30,8 +32,34 @@ _GROUP_SUFFIX = 4  # a key is the chunk's last block hash + the 4-byte KV-group 
 class SchedulerSide:
     def __init__(self, settings: ConnectorSettings) -> None:
         self.settings = settings
+        self._lookup_client: RemoteClient | None = None
+        self._canary: SeedCanary | None = None
+        lookups = None
+        if settings.remote is not None:
+            # The existence checks ask rank 0's shard: a chunk another rank lacks fails its
+            # promotion there and is recomputed.
+            self._lookup_client = RemoteClient(
+                settings.remote,
+                settings.shard_digest(0),
+                settings.worker_block_bytes * settings.config.blocks_per_chunk,
+                connections=1,
+            )
+            lookups = RemoteLookups(self._lookup_client)
+            self._canary = SeedCanary(self._lookup_client, logger)
+            if self._lookup_client.startup_error is not None:
+                logger.warning(
+                    "kvoffload: shared tier %s is unreachable (%s): the engine serves from the "
+                    "CPU tier and retries in the background",
+                    settings.remote.masked_url,
+                    self._lookup_client.startup_error,
+                )
         self.scheduler = OffloadScheduler.create(
-            settings.config, settings.bytes_per_chunk, enable_events=settings.enable_events
+            settings.config,
+            settings.bytes_per_chunk,
+            enable_events=settings.enable_events,
+            remote=lookups,
+            world_size=settings.world_size,
+            remote_locality=settings.remote_locality,
         )
         self._requests: dict[str, Request] = {}
         self._reports = KVOffloadWorkerMetadata()
@@ -46,13 +74,14 @@ class SchedulerSide:
         self._stats_mark = SchedulerStats()
         logger.info(
             "kvoffload: %d CPU-tier slots of %d tokens (%d bytes over %d workers), policy %s, "
-            "offload_prompt_only=%s",
+            "offload_prompt_only=%s, shared tier %s",
             settings.num_slots,
             settings.config.tokens_per_chunk,
             settings.bytes_per_chunk,
             settings.world_size,
             settings.config.eviction_policy,
             settings.config.offload_prompt_only,
+            "none" if settings.remote is None else settings.remote.masked_url,
         )
 
     def on_new_request(self, request: Request) -> None:
@@ -110,7 +139,8 @@ class SchedulerSide:
             updates.append(
                 RequestUpdate(rid, computed, request.num_tokens, new_blocks, request.block_hashes)
             )
-        stores = self.scheduler.plan_step(updates).store_jobs
+        step = self.scheduler.plan_step(updates)
+        stores = step.store_jobs
         finals = [
             (rid, self._finishing.pop(rid))
             for rid in scheduler_output.finished_req_ids
@@ -123,8 +153,15 @@ class SchedulerSide:
             stores=stores,
             flush_job_ids=sorted(flush),
             held_request_ids=self._held,
+            promotions=step.promote_jobs,
+            cascades=step.cascade_jobs,
         )
         self._loads, self._held = [], []
+        if self._canary is not None and not self._canary.started:
+            # vLLM sets NONE_HASH after it builds the connector: checked at the first step.
+            none_hash = getattr(kv_cache_utils, "NONE_HASH", None)
+            if none_hash is not None:
+                self._canary.start(bytes(none_hash))
         return meta
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
@@ -137,6 +174,13 @@ class SchedulerSide:
                 del reports[job_id]
                 self.scheduler.complete_job(job_id, ok)
         self._reports = KVOffloadWorkerMetadata(reports)
+        shared = self.scheduler.shared_tier
+        if shared is not None:
+            # The shared tier counts the workers' reports of its jobs itself.
+            for job_id, (count, ok_keys) in meta.promoted.items():
+                shared.promoted(job_id, count, ok_keys)
+            for job_id, (count, written, dropped) in meta.cascaded.items():
+                shared.cascaded(job_id, count, written, dropped)
 
     def request_finished(self, request: Request) -> bool:
         """Whether vLLM must keep the request's GPU blocks until the workers report it in
@@ -190,3 +234,9 @@ class SchedulerSide:
 
     def has_pending_push_work(self) -> bool:
         return self.scheduler.has_jobs_in_flight
+
+    def shutdown(self) -> None:
+        if self._lookup_client is not None:
+            assert self._canary is not None
+            self._canary.join()
+            self._lookup_client.close()

@@ -3,10 +3,13 @@ every worker so that both agree on the number of CPU-tier slots."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvoffload.errors import ConfigError, NotSupportedError
+from kvoffload.remote import RemoteTierConfig, TierIdentity
 from kvoffload.scheduler import OffloadConfig
 
 if TYPE_CHECKING:
@@ -23,6 +26,11 @@ class ConnectorSettings:
     """Bytes of one GPU block on one worker, all layers."""
     num_slots: int
     enable_events: bool
+    remote: RemoteTierConfig | None = None
+    """The shared tier behind the CPU tier (`secondary_tiers`), if any."""
+    remote_locality: str = "REMOTE"
+    remote_identity: TierIdentity | None = None
+    """Rank 0's identity; each worker's shard is keyed under its own rank's digest."""
 
     @property
     def bytes_per_chunk(self) -> int:
@@ -43,6 +51,7 @@ class ConnectorSettings:
             )
         spec = groups[0].kv_cache_spec
         extra = dict(transfer.kv_connector_extra_config or {})
+        tier = _secondary_tier(extra.pop("secondary_tiers", None))
         if "tokens_per_block" in extra:
             raise ConfigError(
                 "tokens_per_block comes from vLLM's --block-size; remove it from "
@@ -58,10 +67,85 @@ class ConnectorSettings:
         world_size = vllm_config.parallel_config.world_size
         bytes_per_chunk = block_bytes * config.blocks_per_chunk * world_size
         events = vllm_config.kv_events_config
+        identity = None
+        if tier is not None:
+            parallel = vllm_config.parallel_config
+            identity = TierIdentity(
+                namespace=tier[0].namespace,
+                model=vllm_config.model_config.model,
+                kv_dtype=str(getattr(spec, "dtype", vllm_config.model_config.dtype)),
+                tokens_per_block=spec.block_size,
+                blocks_per_chunk=config.blocks_per_chunk,
+                layers=tuple(groups[0].layer_names),
+                tp_size=parallel.tensor_parallel_size,
+                pp_size=parallel.pipeline_parallel_size,
+                rank=0,
+                bytes_per_chunk=block_bytes * config.blocks_per_chunk,
+                # A slot holds, per segment (a layer's K or V, or a whole cross-layer block), the
+                # chunk's pages block after block: not vLLM's tiering region layout.
+                layout=f"kvoffload-pool/{vllm_config.cache_config.kv_cache_layout or 'default'}",
+            )
         return cls(
             config=config,
             world_size=world_size,
             worker_block_bytes=block_bytes,
             num_slots=config.num_slots(bytes_per_chunk),
             enable_events=bool(events is not None and events.enable_kv_cache_events),
+            remote=None if tier is None else tier[0],
+            remote_locality="REMOTE" if tier is None else tier[1],
+            remote_identity=identity,
         )
+
+    def shard_digest(self, rank: int) -> bytes:
+        """The namespace digest of one worker's shard of every chunk."""
+        assert self.remote_identity is not None
+        return dataclasses.replace(self.remote_identity, rank=rank).digest()
+
+
+_LOCALITIES = ("LOCAL", "REMOTE")
+# Keys of a vLLM tiering entry that mean nothing to this connector.
+_TIERING_ONLY = {
+    "backpressure": "writes are bounded by max_store_bytes_in_flight instead",
+    "enable_kv_events": "this connector reports CPU-tier events only",
+}
+
+
+def _secondary_tier(tiers: object) -> tuple[RemoteTierConfig, str] | None:
+    """The one `secondary_tiers` entry (vLLM's tiering syntax), checked key by key."""
+    if tiers is None:
+        return None
+    if not isinstance(tiers, list) or not tiers:
+        raise ConfigError(
+            f"secondary_tiers={tiers!r} is invalid: expected a list of one entry, e.g. "
+            '[{"type": "RedisTier", "url": "redis://host:6379/0", "namespace": "model@rev"}]'
+        )
+    if len(tiers) > 1:
+        raise ConfigError(
+            f"secondary_tiers has {len(tiers)} entries; KVOffloadConnector supports one shared "
+            "tier behind its CPU tier"
+        )
+    entry: Any = tiers[0]
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"secondary_tiers[0] must be a dict, got {type(entry).__name__}")
+    if entry.get("type") != "RedisTier":
+        raise ConfigError(
+            f"secondary_tiers[0] type={entry.get('type')!r} is invalid; allowed: 'RedisTier'"
+        )
+    if entry.get("module_path", "kvoffload.vllm") != "kvoffload.vllm":
+        raise ConfigError(
+            f"secondary_tiers[0] module_path={entry['module_path']!r} is invalid; allowed: "
+            "'kvoffload.vllm' (or leave it out)"
+        )
+    for key, why in _TIERING_ONLY.items():
+        if key in entry:
+            raise ConfigError(
+                f"secondary_tiers[0] key {key!r} is read only by vLLM's TieringOffloadingSpec, "
+                f"not by KVOffloadConnector: {why}; remove it"
+            )
+    locality = entry.get("locality", "REMOTE")
+    if locality not in _LOCALITIES:
+        raise ConfigError(
+            f"secondary_tiers[0] locality={locality!r} is invalid; allowed: "
+            f"{', '.join(map(repr, _LOCALITIES))}"
+        )
+    return RemoteTierConfig.from_dict(entry), locality

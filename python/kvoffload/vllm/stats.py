@@ -27,6 +27,12 @@ _COUNTERS: dict[str, str] = {
     "bytes_stored": "Bytes copied GPU -> CPU (all workers)",
     "store_failures": "Store jobs that failed (their chunks were dropped)",
     "store_refusals": "Store offers the full CPU tier could not take (retried next step)",
+    "remote_lookups": "Lookups that went on past the CPU tier to the shared tier",
+    "remote_chunks_promoted": "Chunks promoted from the shared tier into the CPU tier",
+    "remote_chunks_failed": "Promoted chunks not filled (absent, corrupt, server down): recomputed",
+    "remote_promotion_refusals": "Remote hits not promoted: no CPU-tier slot could take them",
+    "remote_shards_written": "Chunk shards (one per worker) written on to the shared tier",
+    "remote_writes_dropped": "Chunk shards not written on (backpressure, server down, failure)",
     "ignored_params": "Invalid per-request kv_transfer_params values that were ignored",
 }
 

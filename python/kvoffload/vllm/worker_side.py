@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from kvoffload.errors import ConfigError
+from kvoffload.remote import RemoteClient, ShardIO
 from kvoffload.scheduler import LoadJob, StoreJob
 from kvoffload.transfer import TransferEngine
 from kvoffload.vllm.metadata import KVOffloadMetadata, KVOffloadWorkerMetadata
@@ -29,6 +30,16 @@ def block_dim_of(tensor: torch.Tensor, num_blocks: int) -> int:
     )
 
 
+def worker_rank() -> int:
+    """This worker's place in its engine's TP x PP grid (0 outside a distributed run)."""
+    from vllm.distributed import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():  # type: ignore[no-untyped-call]
+        return 0
+    tp = ps.get_tensor_model_parallel_world_size()
+    return ps.get_pp_group().rank_in_group * tp + ps.get_tensor_model_parallel_rank()
+
+
 class WorkerSide:
     def __init__(self, settings: ConnectorSettings) -> None:
         self.settings = settings
@@ -41,6 +52,9 @@ class WorkerSide:
         self._results: dict[int, tuple[int, bool]] = {}
         self._recving: set[str] = set()
         self._load_errors: set[int] = set()
+        self.remote: ShardIO | None = None
+        self._promoted: dict[int, tuple[int, bytes]] = {}
+        self._cascaded: dict[int, tuple[int, int, int]] = {}
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
         # Layers that share one tensor (KV sharing) are copied once.
@@ -72,6 +86,33 @@ class WorkerSide:
                 self.settings.num_slots,
                 self.engine.chunk_bytes,
             )
+        if self.settings.remote is not None:
+            self.remote = self._connect(self.engine)
+
+    def _connect(self, engine: TransferEngine) -> ShardIO:
+        """This worker's shard of every chunk in the shared tier, under its rank's digest."""
+        settings = self.settings
+        assert settings.remote is not None
+        if engine.chunk_bytes != settings.worker_block_bytes * settings.config.blocks_per_chunk:
+            # Replicas (and this engine's scheduler) key chunks by vLLM's config: a shard of
+            # another size would never match theirs.
+            raise ConfigError(
+                f"secondary_tiers: this worker's chunks are {engine.chunk_bytes} bytes, vLLM's "
+                f"config says {settings.worker_block_bytes * settings.config.blocks_per_chunk}; "
+                "the shared tier needs them to agree"
+            )
+        rank = worker_rank()
+        client = RemoteClient(settings.remote, settings.shard_digest(rank), engine.chunk_bytes)
+        if client.startup_error is not None:
+            logger.warning(
+                "kvoffload: shared tier %s is unreachable from worker %d (%s): it serves from "
+                "the CPU tier and retries in the background",
+                settings.remote.masked_url,
+                rank,
+                client.startup_error,
+            )
+        pool = engine.pool
+        return ShardIO(client, pool.buffer.numpy(), pool.slot_offsets)
 
     def handle_preemptions(self, meta: KVOffloadMetadata) -> None:
         """The first hook of every step, before its forward pass: submits the last step's stores,
@@ -84,11 +125,22 @@ class WorkerSide:
         `wait_for_save`, so that this step's results, which vLLM may collect before
         `wait_for_save` (speculative decoding), already count them as in flight."""
         self._held.update(meta.held_request_ids)
+        self._start_remote(meta)
         deferred, self._deferred = self._deferred, list(meta.stores)
         for job in deferred:
             self._submit(job)
         if meta.flush_job_ids:
             self._engine().wait(meta.flush_job_ids)
+
+    def _start_remote(self, meta: KVOffloadMetadata) -> None:
+        if not (meta.promotions or meta.cascades):
+            return
+        if self.remote is None:
+            raise RuntimeError("kvoffload: shared-tier jobs reached a worker without the tier")
+        for job in meta.promotions:
+            self.remote.promote(job.job_id, job.keys.to_list(), job.slots)
+        for job in meta.cascades:
+            self.remote.cascade(job.job_id, job.keys.to_list(), job.slots)
 
     def start_loads(self, meta: KVOffloadMetadata) -> None:
         for job in meta.loads:
@@ -97,6 +149,12 @@ class WorkerSide:
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         for result in self._engine().get_finished():
             self._record(self._jobs.pop(result.job_id), result.success)
+        if self.remote is not None:
+            promoted, cascaded = self.remote.take_done()
+            for job_id, ok in promoted.items():
+                self._promoted[job_id] = (1, ok)
+            for job_id, (written, dropped) in cascaded.items():
+                self._cascaded[job_id] = (1, written, dropped)
         busy = {job.request_id for job in (*self._jobs.values(), *self._deferred)}
         sending = {rid for rid in self._held if rid not in busy}
         self._held -= sending
@@ -108,13 +166,16 @@ class WorkerSide:
         return errors
 
     def take_worker_meta(self) -> KVOffloadWorkerMetadata | None:
-        if not self._results:
+        if not (self._results or self._promoted or self._cascaded):
             return None
-        meta = KVOffloadWorkerMetadata(self._results)
-        self._results = {}
+        meta = KVOffloadWorkerMetadata(self._results, self._promoted, self._cascaded)
+        self._results, self._promoted, self._cascaded = {}, {}, {}
         return meta
 
     def shutdown(self) -> None:
+        # Writes read the pool: they end (by their deadlines) before the pool is released.
+        if self.remote is not None and self.settings.remote is not None:
+            self.remote.close(self.settings.remote.job_timeout_s + 1.0)
         if self.engine is not None:
             self.engine.close()
 

@@ -1,0 +1,84 @@
+"""`ShardIO`: one worker's shard of every chunk, moved between its CPU slots and the shared tier.
+
+Each worker holds its own part of each chunk (its TP/PP rank's layers and heads) in its own pool,
+so each writes and reads that part under a digest of its own rank: no bytes cross between
+workers, and a chunk is whole in the shared tier only when every rank's shard is there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvoffload.remote.client import EXISTS, OK, RemoteClient
+
+IntArray = npt.NDArray[np.int64]
+
+
+class ShardIO:
+    """Promotions (shared tier -> slots) and cascades (slots -> shared tier) over `buffer`, the
+    pool's memory, where slot `s` starts at byte `slot_offsets(s)`. Every call only submits or
+    polls: the I/O runs on the Rust data path's threads."""
+
+    def __init__(
+        self,
+        client: RemoteClient,
+        buffer: Any,
+        slot_offsets: Callable[[IntArray], IntArray],
+    ) -> None:
+        self.client = client
+        self._buffer = buffer
+        self._offsets = slot_offsets
+        self._promotions: dict[int, int] = {}
+        self._cascades: dict[int, int] = {}
+        self._done_promotions: dict[int, bytes] = {}
+        self._done_cascades: dict[int, tuple[int, int]] = {}
+
+    def promote(self, job_id: int, keys: Sequence[bytes], slots: IntArray) -> None:
+        """Fills `slots` from the shared tier."""
+        try:
+            rust_job = self.client.load(list(keys), self._buffer, self._offsets(slots).tolist())
+        except ValueError:  # a slot outside the pool: the job fails, nothing is touched
+            self._done_promotions[job_id] = bytes(len(keys))
+            return
+        self._promotions[rust_job] = job_id
+
+    def cascade(self, job_id: int, keys: Sequence[bytes], slots: IntArray) -> None:
+        """Writes `slots` on to the shared tier (each key only if it is absent there)."""
+        try:
+            rust_job = self.client.store(list(keys), self._buffer, self._offsets(slots).tolist())
+        except ValueError:
+            self._done_cascades[job_id] = (0, len(keys))
+            return
+        self._cascades[rust_job] = job_id
+
+    def take_done(self) -> tuple[dict[int, bytes], dict[int, tuple[int, int]]]:
+        """Promotions ended since the last call (`job_id -> 1 or 0 per key: filled`) and
+        cascades (`job_id -> (shards written or already there, not written)`)."""
+        for rust_job, statuses in self.client.poll():
+            if rust_job in self._promotions:
+                self._done_promotions[self._promotions.pop(rust_job)] = bytes(
+                    int(s == OK) for s in statuses
+                )
+            else:
+                written = sum(s in (OK, EXISTS) for s in statuses)
+                self._done_cascades[self._cascades.pop(rust_job)] = (
+                    written,
+                    len(statuses) - written,
+                )
+        promotions, self._done_promotions = self._done_promotions, {}
+        cascades, self._done_cascades = self._done_cascades, {}
+        return promotions, cascades
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._promotions or self._cascades)
+
+    def close(self, timeout_s: float) -> None:
+        """Lets the jobs in flight end (each by its deadline), then closes the connections."""
+        if self.busy:
+            self.client.drain(timeout_s)
+        self.client.close()

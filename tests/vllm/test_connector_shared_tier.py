@@ -1,0 +1,363 @@
+"""`KVOffloadConnector` with a shared Redis tier behind its CPU tier (`secondary_tiers`), driven by
+vLLM 0.33's real scheduler on the CPU rig, against a real `redis-server`.
+
+Two engines (each its own CPU tier, our Rust store and copy engine) share one server: what engine
+1 computed reaches Redis behind its CPU tier (the cascade), and engine 2 promotes it (Redis -> its
+CPU pool) and loads it as any CPU hit; the rig checks every loaded position byte for byte before
+each forward pass. 12-token chunks of 4-token blocks: a 60-token prompt is 5 full chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from rig import Rig, make_rig, prompt
+from vllm.v1.request import RequestStatus
+
+from kvoffload import ConfigError
+from redis_server import RedisServer, free_port, redis_server
+
+PROMPT = prompt(7, 60)
+LONGER = PROMPT + prompt(8, 10)  # PROMPT's 5 chunks, then 10 tokens nobody has
+
+
+def entry(url: str, **options: object) -> dict:
+    return {"type": "RedisTier", "url": url, "namespace": "tiny-llama@test", **options}
+
+
+def engine(model_dir: str, url: str, is_async: bool = False, **options: object) -> Rig:
+    return make_rig(
+        model_dir, is_async=is_async, extra={"secondary_tiers": [entry(url, **options)]}
+    )
+
+
+def serve(rig: Rig, rid: str, tokens: list[int], params: dict | None = None) -> int:
+    """Runs one request to completion (and the engine until its shared-tier jobs have ended);
+    returns the tokens vLLM says the connector loaded."""
+    rig.add(rid, tokens, 2, params)
+    rig.run(max_steps=50_000)
+    return rig.external_hits.get(rid, 0)
+
+
+def stats(rig: Rig):
+    return rig.connector._sched().scheduler.stats()
+
+
+def store_counts(rig: Rig) -> tuple[int, int, int]:
+    s = rig.cpu_store().stats()
+    return s.ready, s.pending, s.pinned
+
+
+def shard_io(rig: Rig):
+    return rig.worker._worker().remote
+
+
+def chunk_keys(server: RedisServer) -> list[bytes]:
+    """One Redis key per stored chunk shard (a value is one key, or a `:b` body and its `:h`)."""
+    return [k for k in server.keys() if not k.endswith(b":b") and b"canary" not in k]
+
+
+def test_engine_two_loads_what_engine_one_computed(model_dir, redis, is_async):
+    one = engine(model_dir, redis.url, is_async)
+    assert serve(one, "a", PROMPT) == 0
+    assert len(chunk_keys(redis)) == 5  # every full chunk went on to the shared tier
+    assert stats(one).remote_shards_written == 5
+    assert store_counts(one) == (5, 0, 0)  # nothing left pinned once the writes ended
+
+    two = engine(model_dir, redis.url, is_async)
+    assert serve(two, "b", PROMPT) == 60
+    assert two.checked_positions["b"] >= 60  # every loaded position checked byte for byte
+    s = stats(two)
+    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (5, 0)
+    assert s.chunks_loaded == 5  # promoted into the CPU tier, then loaded from it
+    assert store_counts(two) == (5, 0, 0)
+    # The same hit as engine 1's own CPU tier gives it.
+    one.reset_gpu_prefix_cache()
+    asked = stats(one).remote_lookups
+    assert serve(one, "a2", PROMPT) == 60
+    assert stats(one).remote_lookups == asked  # a whole CPU-tier hit never asks Redis
+
+
+def test_engine_two_hits_every_chunk_engine_one_stored(model_dir, redis):
+    prompts = [prompt(300 + i, 24 + 12 * (i % 4)) for i in range(16)]  # 2 to 5 chunks each
+    one = engine(model_dir, redis.url)
+    for i, p in enumerate(prompts):
+        serve(one, f"a{i}", p)
+    assert len(chunk_keys(redis)) == sum(len(p) // 12 for p in prompts) == 56
+    two = engine(model_dir, redis.url)
+    hits = [serve(two, f"b{i}", p) for i, p in enumerate(prompts)]
+    assert hits == [len(p) for p in prompts]  # 672 tokens, every one checked
+    assert stats(two).remote_chunks_promoted == 56
+
+
+def split_engine(model_dir: str, url: str, is_async: bool) -> Rig:
+    """Engine 1 put PROMPT's 5 chunks in Redis; engine 2 has chunk 0 in its own CPU tier."""
+    serve(engine(model_dir, url, is_async), "a", PROMPT)
+    two = engine(model_dir, url, is_async)
+    assert serve(two, "head", PROMPT[:13]) == 12  # promotes chunk 0 (engine 1 wrote it)
+    assert stats(two).remote_chunks_promoted == 1
+    two.reset_gpu_prefix_cache()
+    return two
+
+
+@pytest.mark.parametrize(
+    ("cap", "loaded", "promoted"),
+    [(None, 60, 4), (0, 0, 0), (13, 12, 0), (35, 24, 1), (36, 36, 2), (1000, 60, 4)],
+)
+def test_max_load_tokens_caps_both_tiers_together(
+    model_dir, redis, is_async, cap, loaded, promoted
+):
+    two = split_engine(model_dir, redis.url, is_async)
+    params = None if cap is None else {"max_load_tokens": cap}
+    assert serve(two, "b", LONGER, params) == loaded
+    load = two.load_of("b")
+    assert (0 if load is None else load.num_tokens) == loaded
+    assert two.checked_positions["b"] >= 70 - 1
+    # Only the chunks inside the cap were promoted (chunk 0 was, by the set-up).
+    assert stats(two).remote_chunks_promoted == 1 + promoted
+
+
+@pytest.mark.parametrize("max_offload_tokens", [0, 24])
+def test_max_offload_tokens_caps_what_reaches_redis(model_dir, redis, max_offload_tokens):
+    one = engine(model_dir, redis.url)
+    serve(one, "a", PROMPT, {"max_offload_tokens": max_offload_tokens})
+    assert len(chunk_keys(redis)) == max_offload_tokens // 12
+    assert serve(engine(model_dir, redis.url), "b", PROMPT) == max_offload_tokens
+
+
+def test_offload_prompt_only_holds_for_redis(model_dir, redis):
+    one = engine(model_dir, redis.url)
+    one.add("a", PROMPT[:24], 40)  # 24 prompt tokens, then 40 generated: only 2 chunks stored
+    one.run(max_steps=50_000)
+    assert len(chunk_keys(redis)) == 2
+
+
+@pytest.mark.parametrize(
+    ("tiers", "loaded"),
+    [
+        ([{"medium": "cpu"}], 12),
+        ([], 12),
+        ([{"locality": "LOCAL"}], 12),
+        ([{"medium": "storage", "locality": "remote"}], 60),
+        ([{"medium": "CPU"}, {"locality": "REMOTE"}], 60),
+    ],
+)
+def test_kv_load_tiers_selects_the_shared_tier(model_dir, redis, tiers, loaded):
+    two = split_engine(model_dir, redis.url, is_async=False)
+    asked = stats(two).remote_lookups
+    assert serve(two, "b", LONGER, {"kv_load_tiers": tiers}) == loaded
+    assert (stats(two).remote_lookups > asked) == (loaded > 12)  # excluded: never asked
+
+
+@pytest.mark.parametrize("bad", ["cpu", [{"medium": "tape"}], [3]])
+def test_invalid_kv_load_tiers_is_ignored_with_one_warning(model_dir, redis, bad, caplog):
+    two = split_engine(model_dir, redis.url, is_async=False)
+    with caplog.at_level(logging.WARNING, logger="kvoffload"):
+        assert serve(two, "b", LONGER, {"kv_load_tiers": bad}) == 60  # as vLLM: every tier
+    assert sum("kv_load_tiers" in r.getMessage() for r in caplog.records) == 1
+    assert stats(two).ignored_params == {"kv_load_tiers": 1}
+
+
+def test_a_promotion_that_fails_halfway_loads_what_arrived(model_dir, redis, is_async):
+    serve(engine(model_dir, redis.url, is_async), "a", PROMPT)
+    two = engine(model_dir, redis.url, is_async)
+    io = shard_io(two)
+    promote = io.promote
+
+    def lose_chunk_3(job_id, keys, slots):
+        (gone,) = [k for k in redis.keys() if keys[3] in k and not k.endswith(b":b")]
+        redis.command("DEL", gone)  # evicted between the lookup and the promotion
+        io.promote = promote
+        promote(job_id, keys, slots)
+
+    io.promote = lose_chunk_3
+    assert serve(two, "b", LONGER) == 36  # chunks 0..2 arrived: a whole-chunk prefix
+    assert two.checked_positions["b"] >= 69
+    s = stats(two)
+    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (4, 1)
+    assert store_counts(two)[1:] == (0, 0)
+
+
+def test_an_abort_while_promoting_leaves_nothing_pending(model_dir, redis, is_async):
+    serve(engine(model_dir, redis.url, is_async), "a", PROMPT)
+    two = engine(model_dir, redis.url, is_async)
+    aborted = []
+
+    def abort_once_promoting(rig, so):
+        meta = so.kv_connector_metadata
+        if meta.promotions and not aborted:
+            aborted.append(rig.step)
+            rig.scheduler.finish_requests("b", RequestStatus.FINISHED_ABORTED)
+
+    two.before_worker = abort_once_promoting
+    two.add("b", LONGER, 2)
+    two.run(max_steps=50_000)
+    assert aborted and "b" not in two.external_hits
+    assert store_counts(two) == (5, 0, 0)  # promoted, ready, unpinned: the next request hits
+    two.before_worker = None
+    asked = stats(two).remote_lookups
+    assert serve(two, "c", LONGER) == 60
+    assert stats(two).remote_chunks_promoted == 5
+    assert stats(two).remote_lookups == asked  # c found every chunk in the CPU tier
+
+
+def test_no_secondary_tier_asks_nothing_remote(model_dir):
+    rig = make_rig(model_dir)
+    serve(rig, "a", PROMPT)
+    assert rig.worker._worker().remote is None
+    assert rig.connector._sched().scheduler.shared_tier is None
+    assert stats(rig).remote_lookups == 0
+
+
+# --- faults -------------------------------------------------------------------------------------
+
+
+def until_up(rig: Rig) -> None:
+    """Waits out the breakers' cool-down (the next job then probes the server)."""
+    clients = [rig.connector._sched()._lookup_client, shard_io(rig).client]
+    deadline = time.monotonic() + 30
+    while any(c.state == "down" for c in clients):
+        assert time.monotonic() < deadline, "a breaker never left 'down'"
+        time.sleep(0.05)
+
+
+def test_server_absent_at_start_up_warns_and_serves(model_dir, caplog):
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    with caplog.at_level(logging.WARNING, logger="kvoffload"):
+        rig = engine(model_dir, url, connect_timeout_s=0.2)
+    assert "unreachable" in caplog.text
+    assert serve(rig, "a", PROMPT) == 0
+    assert rig.outputs["a"] and stats(rig).remote_writes_dropped == 5
+    rig.reset_gpu_prefix_cache()
+    assert serve(rig, "b", PROMPT) == 60  # the CPU tier serves on
+
+
+def test_server_killed_before_a_promotion_recomputes_and_recovers(model_dir, redis):
+    options = {"breaker_cooldown_s": 0.2}
+    serve(engine(model_dir, redis.url, **options), "a", PROMPT)
+    two = engine(model_dir, redis.url, **options)
+    io = shard_io(two)
+    promote = io.promote
+
+    def kill_then_promote(job_id, keys, slots):
+        redis.stop()
+        io.promote = promote
+        promote(job_id, keys, slots)
+
+    io.promote = kill_then_promote
+    assert serve(two, "b", PROMPT) == 0  # the promotion failed: recomputed, and checked
+    assert two.checked_positions["b"] >= 59
+    assert stats(two).remote_chunks_failed == 5
+    assert store_counts(two)[1:] == (0, 0)
+    two.reset_gpu_prefix_cache()
+    assert serve(two, "b2", PROMPT) == 60  # engine 2's own CPU tier still serves
+
+    redis.start()  # same port, empty (no persistence)
+    until_up(two)
+    fresh = prompt(8, 60)
+    serve(two, "c", fresh)
+    assert len(chunk_keys(redis)) == 5  # writes reach the restarted server again
+    assert serve(engine(model_dir, redis.url), "d", fresh) == 60
+
+
+def test_frozen_server_fails_by_deadlines_and_recovers(model_dir, redis):
+    options = {"job_timeout_s": 0.3, "breaker_cooldown_s": 0.3}
+    serve(engine(model_dir, redis.url, **options), "a", PROMPT)
+    two = engine(model_dir, redis.url, **options)
+    redis.freeze()
+    try:
+        assert serve(two, "b", PROMPT) == 0  # the lookup timed out: a miss, computed
+        assert two.outputs["b"]
+    finally:
+        redis.thaw()
+    until_up(two)
+    fresh = prompt(9, 60)
+    serve(two, "c", fresh)
+    assert serve(engine(model_dir, redis.url, **options), "d", fresh) == 60
+
+
+def test_corrupt_values_are_recomputed_and_replaced(model_dir, redis):
+    serve(engine(model_dir, redis.url), "a", PROMPT)
+    for key in chunk_keys(redis):
+        redis.command("SETRANGE", key, 100, b"\xff")  # one payload byte, past the header
+    two = engine(model_dir, redis.url)
+    assert serve(two, "b", PROMPT) == 0  # nothing wrong served: computed and checked
+    assert two.checked_positions["b"] >= 59
+    assert stats(two).remote_chunks_failed == 5
+    assert shard_io(two).client.stats()["corrupt"] == 5
+    # Each bad value was deleted, so engine 2's own cascade replaced it: a third engine loads it.
+    assert serve(engine(model_dir, redis.url), "c", PROMPT) == 60
+
+
+def test_a_full_server_drops_writes_never_gpu_stores(model_dir):
+    with redis_server("--maxmemory", "1200000", "--maxmemory-policy", "noeviction") as server:
+        rig = engine(model_dir, server.url)
+        for i in range(12):
+            serve(rig, f"r{i}", prompt(100 + i, 60))
+        s = stats(rig)
+        assert s.remote_writes_dropped >= 1
+        assert s.chunks_stored == 60 and s.store_failures == 0  # the CPU tier took every chunk
+        assert all(rig.outputs[f"r{i}"] for i in range(12))
+
+
+def test_writes_are_dropped_when_half_the_cpu_tier_would_be_pinned(model_dir, redis):
+    tiers = [entry(redis.url, job_timeout_s=0.5)]
+    rig = make_rig(model_dir, cpu_chunks=4, extra={"secondary_tiers": tiers})
+    pinned: list[int] = []
+    rig.before_worker = lambda r, so: pinned.append(r.cpu_store().stats().pinned)
+    redis.freeze()  # writes hang until their deadline: their slots stay pinned meanwhile
+    try:
+        rig.add("a", prompt(1, 24), 2)
+        rig.add("b", prompt(2, 24), 2)
+        rig.run(max_steps=50_000)
+    finally:
+        redis.thaw()
+    s = stats(rig)
+    assert s.chunks_stored == 4  # the CPU tier took every chunk
+    assert s.remote_writes_dropped == 4  # a's 2 pinned and then failed; b's 2 not even tried
+    assert max(pinned) == 2  # half the tier at most
+    assert store_counts(rig) == (4, 0, 0)
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tiers", "match"),
+    [
+        ("redis://x", "secondary_tiers="),
+        ([], "secondary_tiers="),
+        ([entry("redis://127.0.0.1:1/0"), entry("redis://127.0.0.1:2/0")], "has 2 entries"),
+        (["redis://x"], "must be a dict"),
+        ([{**entry("redis://127.0.0.1:1/0"), "type": "CPUTier"}], "type='CPUTier'"),
+        ([{**entry("redis://127.0.0.1:1/0"), "module_path": "x.y"}], "module_path='x.y'"),
+        ([{**entry("redis://127.0.0.1:1/0"), "backpressure": {}}], "'backpressure'"),
+        ([{**entry("redis://127.0.0.1:1/0"), "locality": "near"}], "locality='near'"),
+        ([{**entry("redis://127.0.0.1:1/0"), "conections": 2}], "conections"),
+        ([{"type": "RedisTier", "url": "redis://127.0.0.1:1/0"}], "namespace="),
+        ([entry("http://127.0.0.1:1")], "unknown scheme"),
+    ],
+)
+def test_bad_secondary_tiers_stop_start_up_naming_the_key(model_dir, tiers, match):
+    with pytest.raises(ConfigError, match=match):
+        make_rig(model_dir, extra={"secondary_tiers": tiers})
+
+
+def test_module_path_may_name_us(model_dir, redis):
+    rig = make_rig(
+        model_dir,
+        extra={"secondary_tiers": [{**entry(redis.url), "module_path": "kvoffload.vllm"}]},
+    )
+    assert serve(rig, "a", PROMPT) == 0 and len(chunk_keys(redis)) == 5
+
+
+def test_redis_tier_values_and_ours_never_meet(model_dir, redis):
+    """vLLM's tiering region lays a chunk out otherwise than our pool: the namespace digests keep
+    the two writers apart in one server and one namespace."""
+    from tiering_rig import make_tiering_rig, redis_tier_entry
+
+    serve(engine(model_dir, redis.url), "a", PROMPT)
+    theirs = make_tiering_rig(model_dir, [redis_tier_entry(redis.url)])
+    assert serve(theirs, "b", PROMPT) == 0
