@@ -333,10 +333,11 @@ class OffloadScheduler:
         if len(set(ids)) != len(ids):
             raise ValueError(f"updates name a request twice: {sorted(ids)}")
         flush = self._jobs_touching(realloc)
+        # Before the stores below make room by evicting (the shared tier's jobs hold pins).
+        promotions, cascades = (
+            ([], []) if self.shared_tier is None else self.shared_tier.take_jobs()
+        )
         jobs = [job for c in checked if (job := self._store_update(c)) is not None]
-        if self.shared_tier is None:
-            return StepPlan(jobs, flush)
-        promotions, cascades = self.shared_tier.take_jobs()
         return StepPlan(jobs, flush, promotions, cascades)
 
     def preempt_request(self, request_id: str) -> list[int]:

@@ -12,7 +12,7 @@ CPU tier until every worker's write has ended, so no slot is reused while a writ
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,16 +20,18 @@ import numpy as np
 
 from kvoffload.scheduler.jobs import RemoteJob
 from kvoffload.scheduler.stats import SchedulerStats
-from kvoffload.store import CpuStore, KeyList, KeyStatus
+from kvoffload.store import CpuStore, KeyList, KeyRange, KeyStatus
+
+_READY = int(KeyStatus.READY)  # an enum member read per key costs more than the comparison
 
 
 class Lookups(Protocol):
     """What `kvoffload.remote.RemoteLookups` offers."""
 
-    def lookup(self, key: bytes, request: Hashable) -> bool | None: ...
+    def lookup_prefix(self, keys: KeyRange, request: str) -> tuple[int, bool]: ...
     def flush(self) -> None: ...
-    def mark_miss(self, keys: Collection[bytes]) -> None: ...
-    def cleanup(self, request: Hashable) -> None: ...
+    def mark_miss(self, keys: list[bytes]) -> None: ...
+    def cleanup(self, request: str) -> None: ...
     def in_flight(self) -> int: ...
 
 
@@ -43,9 +45,11 @@ class _Job:
 
 class SharedTier:
     """`world_size` workers each move their shard of every chunk; a job ends once all have
-    reported it. `max_cascade_slots` bounds the CPU slots pinned by writes in flight: past it,
-    a completed store is not written on (counted in `remote_writes_dropped`), so a slow server
-    never fills the CPU tier with pins."""
+    reported it. Writes go out behind the CPU tier in store order, at most `max_cascade_slots`
+    chunks pinned at a time (default: half the tier), so a slow server never fills the CPU tier
+    with pins: the rest wait in a backlog of at most `num_slots` keys, and a chunk evicted from
+    the CPU tier before its turn, or pushed out of a full backlog, is not written (counted in
+    `remote_writes_dropped`); GPU stores are never held back."""
 
     def __init__(
         self,
@@ -64,13 +68,14 @@ class SharedTier:
         self.medium = medium
         self.locality = locality
         self.max_cascade_slots = (
-            store.num_slots // 2 if max_cascade_slots is None else max_cascade_slots
+            max(1, store.num_slots // 2) if max_cascade_slots is None else max_cascade_slots
         )
         self._stats = stats
         self._next_id = 0
         self._promotions: dict[int, _Job] = {}
         self._cascades: dict[int, _Job] = {}
         self._cascading_slots = 0
+        self._backlog: deque[bytes] = deque()
         self._new_promotions: list[RemoteJob] = []
         self._new_cascades: list[RemoteJob] = []
 
@@ -80,15 +85,7 @@ class SharedTier:
         """Looks `keys[start:end]` up in the remote tier (the CPU tier has `keys[first:start]`
         ready and not `keys[start]`) and promotes its leading run of hits. True: ask again (a
         promotion started, or an answer is still out); False: the remote tier adds nothing now."""
-        found, waiting = 0, False
-        for key in keys.view(start, end).to_list():
-            verdict = self.lookups.lookup(key, request_id)
-            if verdict is False:
-                break
-            if verdict is None:
-                waiting = True  # keep asking: the rest of the prefix goes out in the same batch
-            elif not waiting:
-                found += 1
+        found, waiting = self.lookups.lookup_prefix(keys.view(start, end), request_id)
         self._stats.remote_lookups += 1
         if not found:
             return waiting
@@ -114,6 +111,10 @@ class SharedTier:
         if job.reports < self.world_size:
             return
         del self._promotions[job_id]
+        if job.ok.all():
+            self.store.complete_store(job.keys, True)
+            self._stats.remote_chunks_promoted += len(job.keys)
+            return
         keys = job.keys.to_list()
         arrived = [k for k, good in zip(keys, job.ok, strict=True) if good]
         failed = [k for k, good in zip(keys, job.ok, strict=True) if not good]
@@ -126,21 +127,26 @@ class SharedTier:
         self._stats.remote_chunks_failed += len(failed)
 
     def stored(self, keys: KeyList) -> None:
-        """A CPU-tier store of `keys` completed: pin what is still there and write it on."""
-        status = self.store.lookup(keys)
-        ready = [k for k, s in zip(keys.to_list(), status, strict=True) if s == KeyStatus.READY]
-        if not ready:
+        """A CPU-tier store of `keys` completed: they are written on, in order, as the pin budget
+        allows (pinned at once, so no eviction can come between)."""
+        fits = self._cascading_slots + len(keys) <= self.max_cascade_slots
+        # The common case, in two calls: nothing waits, the whole store fits the budget, and
+        # every key is still there (a cache reset during its store leaves it absent).
+        if not self._backlog and fits and bool((self.store.lookup(keys) == _READY).all()):
+            slots = self.store.prepare_load(keys)
+            self._cascading_slots += len(keys)
+            self._new_cascades.append(self._open(self._cascades, keys, slots))
             return
-        if self._cascading_slots + len(ready) > self.max_cascade_slots:
-            self._stats.remote_writes_dropped += len(ready)
-            return
-        slots = self.store.prepare_load(ready)
-        self._cascading_slots += len(ready)
-        self._new_cascades.append(self._open(self._cascades, KeyList(ready), slots))
+        self._backlog.extend(keys.to_list())
+        overflow = len(self._backlog) - self.store.num_slots
+        for _ in range(max(0, overflow)):
+            self._backlog.popleft()
+        self._stats.remote_writes_dropped += max(0, overflow) * self.world_size
+        self._drain_backlog()
 
     def cascaded(self, job_id: int, reports: int, written: int, dropped: int) -> None:
         """`reports` more workers ended cascade `job_id`, having written `written` shards and
-        not written `dropped` (backpressure, the server down, a failed write)."""
+        not written `dropped` (the server down, a failed write)."""
         job = self._cascades[job_id]
         job.reports += reports
         self._stats.remote_shards_written += written
@@ -150,6 +156,25 @@ class SharedTier:
         del self._cascades[job_id]
         self.store.complete_load(job.keys)
         self._cascading_slots -= len(job.keys)
+        self._drain_backlog()
+
+    def _drain_backlog(self) -> None:
+        """Pins the backlog's next keys that are still ready, up to the budget, as one job."""
+        ready: list[bytes] = []
+        while self._backlog and self._cascading_slots + len(ready) < self.max_cascade_slots:
+            room = self.max_cascade_slots - self._cascading_slots - len(ready)
+            batch = [self._backlog.popleft() for _ in range(min(room, len(self._backlog)))]
+            status = self.store.lookup(batch)
+            kept = [k for k, st in zip(batch, status.tolist(), strict=True) if st == _READY]
+            self._stats.remote_writes_dropped += (len(batch) - len(kept)) * self.world_size
+            ready.extend(kept)
+        if not ready:
+            return
+        # A key twice in the backlog (stored, evicted, stored again) is written once.
+        keys = KeyList(list(dict.fromkeys(ready)))
+        slots = self.store.prepare_load(keys)
+        self._cascading_slots += len(keys)
+        self._new_cascades.append(self._open(self._cascades, keys, slots))
 
     def take_jobs(self) -> tuple[list[RemoteJob], list[RemoteJob]]:
         """The promotions and cascades to hand the workers; sends this step's remote lookups."""
@@ -169,6 +194,7 @@ class SharedTier:
             or self._cascades
             or self._new_promotions
             or self._new_cascades
+            or self._backlog
             or self.lookups.in_flight()
         )
 

@@ -6,7 +6,7 @@
 use crate::errors::RemoteError;
 use crate::keys::{new_bytes, KeyArg};
 use kvoffload_remote::{
-    self as remote, CanaryOutcome, Completion, Config, RawBuf, RawBufMut, Tier,
+    self as remote, CanaryOutcome, Completion, Config, LookupTable, RawBuf, RawBufMut, Tier,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -392,9 +392,93 @@ impl RemoteTier {
     }
 }
 
+/// The shared tier's existence verdicts (`LookupTable`) over a `RemoteTier` of their own: it
+/// takes every completion that tier has. Answers that arrived are applied at the first lookup
+/// after a flush and at the next flush.
+#[pyclass(frozen, module = "kvoffload._rust")]
+pub struct RemoteLookups {
+    tier: Py<RemoteTier>,
+    table: Mutex<(LookupTable, bool)>,
+}
+
+impl RemoteLookups {
+    fn table(&self) -> MutexGuard<'_, (LookupTable, bool)> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn poll(&self, table: &mut LookupTable) {
+        for c in self.tier.get().tier.poll() {
+            table.apply(c.job_id, &c.statuses);
+        }
+    }
+
+    fn locked<T>(&self, f: impl FnOnce(&mut LookupTable) -> T) -> T {
+        let mut guard = self.table();
+        let (table, need_poll) = &mut *guard;
+        if std::mem::take(need_poll) {
+            self.poll(table);
+        }
+        f(table)
+    }
+}
+
+#[pymethods]
+impl RemoteLookups {
+    #[new]
+    fn new(tier: Py<RemoteTier>) -> Self {
+        RemoteLookups {
+            tier,
+            table: Mutex::new((LookupTable::new(), false)),
+        }
+    }
+
+    fn lookup(&self, key: &[u8], request: &str) -> Option<bool> {
+        self.locked(|t| t.lookup(key, request))
+    }
+
+    fn lookup_prefix(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        request: &str,
+    ) -> PyResult<(usize, bool)> {
+        KeyArg::extract(keys)?.run(py, |k| Ok(self.locked(|t| t.prefix(k, request))))
+    }
+
+    fn flush(&self, py: Python<'_>) {
+        py.detach(|| {
+            let mut guard = self.table();
+            let (table, need_poll) = &mut *guard;
+            self.poll(table);
+            *need_poll = true;
+            table.flush(|keys| self.tier.get().tier.submit_lookup(keys));
+        })
+    }
+
+    fn mark_miss(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        KeyArg::extract(keys)?.run(py, |k| {
+            self.locked(|t| t.mark_miss(k));
+            Ok(())
+        })
+    }
+
+    fn cleanup(&self, py: Python<'_>, request: &str) {
+        py.detach(|| self.locked(|t| t.cleanup(request)))
+    }
+
+    fn in_flight(&self) -> usize {
+        self.table().0.in_flight()
+    }
+
+    fn __len__(&self) -> usize {
+        self.table().0.len()
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<RemoteTier>()?;
+    m.add_class::<RemoteLookups>()?;
     m.add_function(wrap_pyfunction!(mask_remote_url, m)?)?;
     m.add("RemoteError", py.get_type::<RemoteError>())?;
     for (name, v) in [

@@ -1,0 +1,213 @@
+"""The shared-tier connector benchmark of issue 19: one two-engine trace through vLLM 0.33's real
+scheduler twice, with vLLM's OffloadingConnector + TieringOffloadingSpec + our RedisTier, and with
+KVOffloadConnector + `secondary_tiers`, against one real `redis-server` (started here, flushed
+between runs), timing every call the scheduler makes into each engine's connector.
+
+Engine 1 serves the trace cold: it computes, stores into its CPU tier and writes on to Redis.
+Engine 2, a fresh replica, serves the same trace: its hits come from Redis through promotion.
+Trace: 32 requests of 2K-8K tokens (163K in all), each one of 8 shared prefixes plus its own
+suffix, 4 output tokens, 8 at a time; 16-token blocks and chunks (vLLM's default); a CPU
+tier of 256K tokens per engine. Every Redis job takes one step on both seams (the rig waits,
+untimed, for the I/O before each schedule). The copy workers are not timed (vLLM's CUDA-only one
+is replaced by one that completes each job at once; ours copies on the CPU). Each connector runs
+the trace 3 times and keeps its least hook time; `make bench` prints the table, `make test`
+(`--benchmark-disable`) runs a 6-request trace once.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "vllm"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+pytest.importorskip("vllm.config", reason="vLLM is not installed (`make test` installs it)")
+
+from rig import NoCopyWorker, make_rig, write_model_dir
+
+from bench_connector import HOOKS, HookClock
+from redis_server import RedisServer, redis_server
+
+TPB = 16
+NAMESPACE = "bench@shared"
+
+
+def make_trace(small: bool) -> list[tuple[str, list[int]]]:
+    rng = random.Random(19)
+    n_req, n_prefix, lo, hi = (6, 2, 256, 512) if small else (32, 8, 1024, 4096)
+    prefixes = [
+        [rng.randrange(100, 900) for _ in range(rng.randint(lo, hi))] for _ in range(n_prefix)
+    ]
+    out = []
+    for i in range(n_req):
+        suffix = [rng.randrange(100, 900) for _ in range(rng.randint(lo, hi))]
+        out.append((f"r{i}", prefixes[rng.randrange(n_prefix)] + suffix))
+    return out
+
+
+def engine(connector: str, url: str, model_dir: str, cpu_chunks: int) -> Any:
+    tier = {"type": "RedisTier", "url": url, "namespace": NAMESPACE}
+    extra: dict[str, Any] = {"secondary_tiers": [tier]}
+    if connector == "vllm":
+        tier["module_path"] = "kvoffload.vllm"
+        extra["spec_name"] = "TieringOffloadingSpec"
+    return make_rig(
+        model_dir,
+        connector=connector,
+        extra=extra,
+        vllm_worker=NoCopyWorker,
+        tokens_per_block=TPB,
+        chunk_tokens=TPB,
+        cpu_chunks=cpu_chunks,
+        num_gpu_blocks=2048,
+        max_num_batched_tokens=4096,
+        max_num_seqs=8,
+        verify=False,
+        max_model_len=20_000,
+    )
+
+
+def remote_clients(rig: Any) -> list[Any]:
+    """The Rust clients of an engine's shared tier (both seams)."""
+    conn = rig.connector
+    if hasattr(conn, "connector_scheduler"):
+        (tier,) = conn.connector_scheduler.manager.secondary_tiers
+        return [tier._client, tier._lookup_client]
+    return [conn._sched()._lookup_client, rig.worker._worker().remote.client]
+
+
+def one_step_io(rig: Any) -> None:
+    """Before each schedule, waits (untimed) until the shared tier's I/O is idle: every job takes
+    exactly one step on both seams. Otherwise the rig would spin while Redis works, and the
+    cheaper connector would make more (idle) steps in the same time."""
+    schedule = rig.scheduler.schedule
+    clients = remote_clients(rig)
+
+    def quiet_schedule() -> Any:
+        deadline = time.monotonic() + 10
+        while any(c.in_flight() for c in clients) and time.monotonic() < deadline:
+            time.sleep(0.0001)
+        return schedule()
+
+    rig.scheduler.schedule = quiet_schedule
+
+
+def serve_trace(rig: Any, trace: list[tuple[str, list[int]]], clock: HookClock) -> dict[str, int]:
+    one_step_io(rig)
+    conn = rig.connector
+    for name in HOOKS:
+        if hasattr(conn, name):
+            setattr(conn, name, clock.wrap(name, getattr(conn, name)))
+    for rid, tokens in trace:
+        rig.add(rid, tokens, 4)
+    rig.run(max_steps=1_000_000)
+    return dict(rig.external_hits)
+
+
+def settle(connector: str, rig: Any) -> None:
+    """vLLM's tiering reports its writes to Redis at later steps: let them land before engine 2
+    starts (ours keeps stepping until its writes ended)."""
+    if connector == "vllm":
+        (tier,) = rig.connector.connector_scheduler.manager.secondary_tiers
+        tier.drain_jobs()
+        rig.run(max_steps=1000)
+
+
+def run_pair(connector: str, trace: list, model_dir: str, server: RedisServer) -> dict[str, Any]:
+    server.command("FLUSHALL")
+    cpu_chunks = 256 if len(trace) < 10 else 16384
+    clocks = [HookClock(), HookClock()]
+    start = time.perf_counter()
+    one = engine(connector, server.url, model_dir, cpu_chunks)
+    serve_trace(one, trace, clocks[0])
+    settle(connector, one)
+    two = engine(connector, server.url, model_dir, cpu_chunks)
+    hits = serve_trace(two, trace, clocks[1])
+    wall = time.perf_counter() - start
+    for rig in (one, two):
+        rig.connector.shutdown()
+    per_hook: dict[str, float] = {}
+    for c in clocks:
+        for name, seconds in c.seconds.items():
+            per_hook[name] = per_hook.get(name, 0.0) + seconds
+    return {
+        "per_hook": per_hook,
+        "hook_s": sum(c.total for c in clocks),
+        "steps": one.step + two.step,
+        "hits": hits,
+        "wall": wall,
+    }
+
+
+RESULTS: dict[str, dict[str, Any]] = {}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_model_dir(str(tmp_path_factory.mktemp("tiny_llama")))
+
+
+@pytest.fixture(scope="module")
+def server():
+    with redis_server() as s:
+        yield s
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_table(request):
+    yield
+    ours, theirs = RESULTS.get("kvoffload"), RESULTS.get("vllm")
+    if ours is None or theirs is None:
+        return
+    a, b = sum(theirs["hits"].values()), sum(ours["hits"].values())
+    lines = [
+        "",
+        "shared tier: connector scheduler-side hooks, engine 1 (cold) + engine 2 (from Redis)",
+        f"{'':28}{'vLLM Tiering+RedisTier':>24}{'KVOffloadConnector':>20}{'ratio':>8}",
+    ]
+    for name in HOOKS:
+        x, y = theirs["per_hook"].get(name), ours["per_hook"].get(name)
+        if x is None and y is None:
+            continue
+        ratio = f"{x / y:7.1f}x" if x and y else ""
+        lines.append(f"{name:<28}{(x or 0) * 1e3:>21.1f} ms{(y or 0) * 1e3:>17.1f} ms{ratio}")
+    lines += [
+        f"{'total':<28}{theirs['hook_s'] * 1e3:>21.1f} ms{ours['hook_s'] * 1e3:>17.1f} ms"
+        f"{theirs['hook_s'] / ours['hook_s']:7.1f}x",
+        f"{'per step':<28}{theirs['hook_s'] / theirs['steps'] * 1e6:>21.0f} us"
+        f"{ours['hook_s'] / ours['steps'] * 1e6:>17.0f} us",
+        f"{'steps':<28}{theirs['steps']:>24}{ours['steps']:>20}",
+        f"{'engine 2 hits':<28}{a:>24}{b:>20}  ({abs(a - b) / max(a, 1):.2%} apart)",
+        f"{'wall':<28}{theirs['wall']:>22.1f} s{ours['wall']:>18.1f} s",
+    ]
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print("\n".join(lines) + "\n")
+    RESULTS.clear()
+
+
+@pytest.mark.parametrize("connector", ["vllm", "kvoffload"])
+def test_shared_tier_trace(benchmark, model_dir, server, connector):
+    trace = make_trace(small=benchmark.disabled)
+    rounds = 1 if benchmark.disabled else 3
+    run = benchmark.pedantic(
+        lambda: min(
+            (run_pair(connector, trace, model_dir, server) for _ in range(rounds)),
+            key=lambda r: r["hook_s"],
+        ),
+        rounds=1,
+        iterations=1,
+    )
+    assert len(run["hits"]) == len(trace)
+    # Engine 2 finds the shared prefixes (and its own suffixes) engine 1 wrote.
+    assert sum(run["hits"].values()) > 0
+    RESULTS[connector] = run
