@@ -12,11 +12,10 @@ used of them.
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvoffload.store import KeyList
+from kvoffload import _rust
+from kvoffload.store import KeyList, Keys
 
 LRU_SAMPLES = 5
 """Redis's default `maxmemory-samples`."""
@@ -31,7 +30,7 @@ class RemoteConfig:
     latency_ms: float = 0.5
     """The round trip of one batch (a pipelined read or write)."""
     seed: int = 0
-    """Seeds the eviction's sampling."""
+    """Seeds the eviction's sampling (0 to 2**64 - 1)."""
 
     def __post_init__(self) -> None:
         if type(self.capacity) is not int or self.capacity < 1:
@@ -45,60 +44,24 @@ class RemoteConfig:
 
 
 class RemoteTier:
-    """The server: keys, when each becomes readable, and when each was last used."""
+    """The server: which keys it holds and when each becomes readable (in Rust: a batch of
+    keys is one call)."""
 
     def __init__(self, config: RemoteConfig) -> None:
         self.config = config
-        self._ready_at: dict[bytes, float] = {}
-        self._used: dict[bytes, int] = {}
-        # A list beside the dicts: sampling a random key is then O(1), as in Redis.
-        self._keys: list[bytes] = []
-        self._pos: dict[bytes, int] = {}
-        self._clock = 0
-        self._rng = random.Random(config.seed)
+        self._keys = _rust.SampledLru(config.capacity, LRU_SAMPLES, config.seed)
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    def lookup_prefix(self, keys: Iterable[bytes], now: float) -> int:
+    def lookup_prefix(self, keys: Keys, now: float) -> int:
         """How many leading `keys` are readable at `now`; a hit is a use (its recency moves)."""
-        hits = 0
-        for key in keys:
-            if self._ready_at.get(key, math.inf) > now:
-                break
-            self._clock += 1
-            self._used[key] = self._clock
-            hits += 1
-        return hits
+        return self._keys.lookup_prefix(keys, now)
 
-    def put(self, keys: Iterable[bytes], ready_at: float) -> int:
+    def put(self, keys: Keys, ready_at: float) -> int:
         """Writes `keys`, readable from `ready_at` (when the write lands); returns how many keys
         were evicted for them. Rewriting a key refreshes it and keeps it readable."""
-        evicted = 0
-        for key in keys:
-            self._clock += 1
-            if key in self._ready_at:
-                self._ready_at[key] = min(self._ready_at[key], ready_at)
-            else:
-                if len(self._keys) >= self.config.capacity:
-                    self._evict()
-                    evicted += 1
-                self._ready_at[key] = ready_at
-                self._pos[key] = len(self._keys)
-                self._keys.append(key)
-            self._used[key] = self._clock
-        return evicted
-
-    def _evict(self) -> None:
-        # Sampled with repeats, as Redis's random sampling may.
-        n = len(self._keys)
-        sample = [self._keys[self._rng.randrange(n)] for _ in range(LRU_SAMPLES)]
-        victim = min(sample, key=self._used.__getitem__)
-        last = self._keys.pop()
-        if last != victim:
-            self._keys[self._pos[victim]] = last
-            self._pos[last] = self._pos[victim]
-        del self._pos[victim], self._ready_at[victim], self._used[victim]
+        return self._keys.put(keys, ready_at)
 
 
 class RemoteLink:

@@ -1,4 +1,5 @@
-//! kvoffload-core: the CPU-tier block store of kvoffload and its chunk arithmetic, in plain Rust.
+//! kvoffload-core: the CPU-tier block store of kvoffload and its chunk arithmetic, in plain Rust
+//! (and the simulator's model of a shared tier's sampled-LRU eviction).
 //!
 //! The Python package reaches this crate through the thin `kvoffload-py` binding; nothing here
 //! knows about Python.
@@ -11,6 +12,7 @@ mod key;
 mod keybuf;
 mod list;
 mod policy;
+mod sampled;
 mod store;
 #[doc(hidden)]
 pub mod testing;
@@ -23,4 +25,5 @@ pub use events::{Event, EventKind};
 pub use key::{validate_keys, MAX_KEY_LEN, OLD_PUBLIC_SEED};
 pub use keybuf::KeyBuf;
 pub use policy::{PolicyKind, Rank, POLICY_NAMES};
+pub use sampled::SampledLru;
 pub use store::{KeyStatus, Positions, RankedBatch, Stats, Store, StorePlan, MAX_SLOTS};

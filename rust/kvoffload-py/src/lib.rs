@@ -4,6 +4,7 @@ mod chunk;
 mod errors;
 mod keys;
 mod remote;
+mod sampled;
 mod store;
 
 use pyo3::exceptions::PyValueError;
@@ -33,6 +34,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::Store>()?;
     m.add_class::<keys::KeyList>()?;
     m.add_class::<keys::KeyRange>()?;
+    m.add_class::<sampled::SampledLru>()?;
     m.add_function(wrap_pyfunction!(chunk::storable_chunks, m)?)?;
     m.add_function(wrap_pyfunction!(chunk::load_window, m)?)?;
     m.add_function(wrap_pyfunction!(chunk::loadable_tokens, m)?)?;
