@@ -220,6 +220,16 @@ class CpuStore:
         """Unpins every key once (each must be pinned as often as it is listed)."""
         self._inner.complete_load(keys)
 
+    def hold_for_write(self, keys: Keys) -> npt.NDArray[np.int64]:
+        """Holds every key's slot (each ready, not held yet, listed once) while a write to the
+        shared tier reads it, and returns the slots: the key cannot be evicted, as if pinned,
+        but it is not a load in flight (`first_pinned` does not see it)."""
+        return _int64s(self._inner.hold_for_write(keys))
+
+    def release_write(self, keys: Keys) -> None:
+        """Ends the write holds of `keys` (each held, listed once)."""
+        self._inner.release_write(keys)
+
     def touch(self, keys: Keys, *, reuse: bool = True) -> None:
         """Marks resident keys as used so the earlier keys of the batch become the most recent.
         `reuse=False` only refreshes their order: under ARC a key is promoted to the frequent list

@@ -16,7 +16,7 @@ import pytest
 from rig import Rig, make_rig, prompt
 from vllm.v1.request import RequestStatus
 
-from kvoffload import ConfigError
+from kvoffload import ConfigError, NotSupportedError
 from redis_server import RedisServer, free_port, redis_server
 
 PROMPT = prompt(7, 60)
@@ -33,10 +33,12 @@ def engine(model_dir: str, url: str, is_async: bool = False, **options: object) 
     )
 
 
-def serve(rig: Rig, rid: str, tokens: list[int], params: dict | None = None) -> int:
+def serve(
+    rig: Rig, rid: str, tokens: list[int], params: dict | None = None, **sampling: object
+) -> int:
     """Runs one request to completion (and the engine until its shared-tier jobs have ended);
     returns the tokens vLLM says the connector loaded."""
-    rig.add(rid, tokens, 2, params)
+    rig.add(rid, tokens, 2, params, **sampling)
     rig.run(max_steps=50_000)
     return rig.external_hits.get(rid, 0)
 
@@ -327,8 +329,9 @@ def test_writes_wait_while_half_the_cpu_tier_is_pinned_by_writes(model_dir, redi
 @pytest.mark.parametrize(
     ("tiers", "match"),
     [
-        ("redis://x", "secondary_tiers="),
-        ([], "secondary_tiers="),
+        ("redis://x", "secondary_tiers is a str"),
+        ([], "secondary_tiers is an empty list"),
+        ({"url": "redis://u:hunter2@h:1/0"}, "secondary_tiers is a dict"),
         ([entry("redis://127.0.0.1:1/0"), entry("redis://127.0.0.1:2/0")], "has 2 entries"),
         (["redis://x"], "must be a dict"),
         ([{**entry("redis://127.0.0.1:1/0"), "type": "CPUTier"}], "type='CPUTier'"),
@@ -341,8 +344,35 @@ def test_writes_wait_while_half_the_cpu_tier_is_pinned_by_writes(model_dir, redi
     ],
 )
 def test_bad_secondary_tiers_stop_start_up_naming_the_key(model_dir, tiers, match):
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match) as raised:
         make_rig(model_dir, extra={"secondary_tiers": tiers})
+    assert "hunter2" not in str(raised.value)  # a password never reaches a message
+
+
+def test_context_parallelism_is_refused_with_a_shared_tier(model_dir, redis):
+    from kvoffload.vllm.settings import ConnectorSettings
+
+    rig = engine(model_dir, redis.url)
+    rig.vllm_config.parallel_config.decode_context_parallel_size = 2
+    with pytest.raises(NotSupportedError, match="decode_context_parallel_size=2"):
+        ConnectorSettings.from_vllm(rig.vllm_config, rig.scheduler.kv_cache_config)
+
+
+def test_a_request_that_skips_the_prefix_cache_asks_nothing(model_dir, redis):
+    serve(engine(model_dir, redis.url), "a", PROMPT)
+    two = engine(model_dir, redis.url)
+    assert serve(two, "b", PROMPT, None, prompt_logprobs=1) == 0  # vLLM skips reading for it
+    s = stats(two)
+    assert (s.remote_lookups, s.remote_promotions, s.lookups) == (0, 0, 0)
+
+
+def test_a_tier_known_down_is_a_miss_without_waiting(model_dir):
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    rig = engine(model_dir, url, connect_timeout_s=0.2, breaker_cooldown_s=600)
+    assert rig.connector._sched()._lookup_client.state == "down"
+    serve(rig, "a", PROMPT)
+    s = stats(rig)
+    assert (s.remote_lookups, s.deferred_lookups) == (0, 0)
 
 
 def test_module_path_may_name_us(model_dir, redis):

@@ -48,6 +48,11 @@ class RemoteLookups:
         """Drops a finished request's interest; a check still in flight stays until it lands."""
         self._table.cleanup(request)
 
+    @property
+    def down(self) -> bool:
+        """The lookup connection's breaker is open: every check would fail at once."""
+        return self._client.state == "down"
+
     def in_flight(self) -> int:
         """Lookup jobs sent and not yet applied."""
         return self._table.in_flight()

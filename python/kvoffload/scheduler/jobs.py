@@ -49,7 +49,7 @@ class LoadJob:
 class RemoteJob:
     """A transfer between CPU slots and the shared tier, `keys[i]` <-> `slots[i]`, each worker its
     own shard of every chunk. A promotion fills the slots (its keys are pending in the CPU tier
-    until every worker has reported); a cascade writes them on (they stay pinned until then)."""
+    until every worker has reported); a cascade writes them on (they are held until then)."""
 
     job_id: int
     keys: KeyList
@@ -80,7 +80,8 @@ class StepPlan:
     promote_jobs: list[RemoteJob] = field(default_factory=list)
     """Promotions from the shared tier that lookups started since the last plan."""
     cascade_jobs: list[RemoteJob] = field(default_factory=list)
-    """Chunks whose stores completed since the last plan, to write on to the shared tier."""
+    """Chunks whose stores completed, to write on to the shared tier (in store order, as the
+    budget of chunks held by writes allows)."""
 
 
 @dataclass(frozen=True)

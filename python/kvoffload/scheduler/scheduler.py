@@ -4,15 +4,17 @@ Engine-agnostic: it speaks in request ids, token counts, block hashes and GPU bl
 adapter translates. The call order for one request:
 
 1. `add_request` when it arrives (parses its `kv_transfer_params` caps);
-2. `lookup` when the engine considers scheduling it (may repeat; pins nothing);
+2. `lookup` when the engine considers scheduling it (may repeat; pins nothing, but with a shared
+   tier it may start a promotion, which reserves CPU slots);
 3. `on_allocated` with its GPU block table once scheduled → the `LoadJob`, if any;
 4. `plan_step` once each engine step is scheduled, before its forward pass → `StoreJob`s, and the
    in-flight jobs to wait for before the forward pass overwrites a reallocated block;
 5. `complete_job` for every finished job; `preempt_request` / `finish_request` (or
    `finish_requests`) as they happen.
 
-Between `lookup` and `on_allocated` of one step, nothing may call `plan_step` or
-`finish_request` (both can evict the chunks the lookup found to make room for stores).
+Between `lookup` and `on_allocated` of one request, nothing may call `plan_step`,
+`finish_request` or another request's `lookup` (each can evict the chunks the lookup found to
+make room for stores or promotions).
 """
 
 from __future__ import annotations
@@ -216,7 +218,13 @@ class OffloadScheduler:
             )
 
     def lookup(
-        self, request_id: str, num_local_tokens: int, num_tokens: int, block_hashes: Sequence[bytes]
+        self,
+        request_id: str,
+        num_local_tokens: int,
+        num_tokens: int,
+        block_hashes: Sequence[bytes],
+        *,
+        read: bool = True,
     ) -> int | None:
         """Tokens beyond the `num_local_tokens` already on the GPU that can be loaded from the CPU
         tier (0 or at least one chunk), or `None`: ask again next step (a needed chunk is still
@@ -224,7 +232,9 @@ class OffloadScheduler:
         flight from before a preemption, or the shared tier is being asked or promoting).
 
         A lookup that starts a promotion reserves CPU slots and may evict: the engine must call
-        `on_allocated` for a request before it looks the next one up (as vLLM does)."""
+        `on_allocated` for a request before it looks the next one up (as vLLM does).
+        `read=False` (a request that must not read any cache) looks nothing up: 0, or `None`
+        while its own jobs from before a preemption are in flight."""
         req = self._request(request_id)
         num_local_tokens = _count("num_local_tokens", num_local_tokens)
         num_tokens = _count("num_tokens", num_tokens)
@@ -237,6 +247,8 @@ class OffloadScheduler:
             self._stats.deferred_lookups += 1
             return None
         self._extend_keys(req, block_hashes)
+        if not read:
+            return 0
         tpc = self.config.tokens_per_chunk
         window = _rust.load_window(
             num_tokens, num_local_tokens, req.max_load_tokens, len(req.keys), tpc
@@ -333,7 +345,6 @@ class OffloadScheduler:
         if len(set(ids)) != len(ids):
             raise ValueError(f"updates name a request twice: {sorted(ids)}")
         flush = self._jobs_touching(realloc)
-        # Before the stores below make room by evicting (the shared tier's jobs hold pins).
         promotions, cascades = (
             ([], []) if self.shared_tier is None else self.shared_tier.take_jobs()
         )

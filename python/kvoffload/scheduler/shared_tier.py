@@ -6,8 +6,9 @@ promoted: reserved as pending CPU-tier entries (neither evictable nor loadable) 
 fill, each its own shard; the request asks again until they are ready and then loads them as any
 CPU hit, so every seed control and the load path stay those of the CPU tier. A chunk that arrived
 on every worker becomes ready; one that did not is dropped and counts as a remote miss from then
-on. Chunks whose CPU-tier store completed are written on (cascaded) one step later, pinned in the
-CPU tier until every worker's write has ended, so no slot is reused while a write reads it.
+on. Chunks whose CPU-tier store completed are written on (cascaded), held in the CPU tier
+(`CpuStore.hold_for_write`: not evictable, yet not a load in flight) until every worker's write
+has ended, so no slot is reused while a write reads it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class Lookups(Protocol):
     def mark_miss(self, keys: list[bytes]) -> None: ...
     def cleanup(self, request: str) -> None: ...
     def in_flight(self) -> int: ...
+    @property
+    def down(self) -> bool: ...
 
 
 @dataclass
@@ -46,8 +49,8 @@ class _Job:
 class SharedTier:
     """`world_size` workers each move their shard of every chunk; a job ends once all have
     reported it. Writes go out behind the CPU tier in store order, at most `max_cascade_slots`
-    chunks pinned at a time (default: half the tier), so a slow server never fills the CPU tier
-    with pins: the rest wait in a backlog of at most `num_slots` keys, and a chunk evicted from
+    chunks held at a time (default: half the tier), so a slow server never fills the CPU tier
+    with holds: the rest wait in a backlog of at most `num_slots` keys, and a chunk evicted from
     the CPU tier before its turn, or pushed out of a full backlog, is not written (counted in
     `remote_writes_dropped`); GPU stores are never held back."""
 
@@ -85,6 +88,8 @@ class SharedTier:
         """Looks `keys[start:end]` up in the remote tier (the CPU tier has `keys[first:start]`
         ready and not `keys[start]`) and promotes its leading run of hits. True: ask again (a
         promotion started, or an answer is still out); False: the remote tier adds nothing now."""
+        if self.lookups.down:
+            return False  # a miss at once, not a step's wait for a check that fails anyway
         found, waiting = self.lookups.lookup_prefix(keys.view(start, end), request_id)
         self._stats.remote_lookups += 1
         if not found:
@@ -127,13 +132,13 @@ class SharedTier:
         self._stats.remote_chunks_failed += len(failed)
 
     def stored(self, keys: KeyList) -> None:
-        """A CPU-tier store of `keys` completed: they are written on, in order, as the pin budget
-        allows (pinned at once, so no eviction can come between)."""
+        """A CPU-tier store of `keys` completed: they are written on, in order, as the budget
+        allows (held at once, so no eviction can come between)."""
         fits = self._cascading_slots + len(keys) <= self.max_cascade_slots
         # The common case, in two calls: nothing waits, the whole store fits the budget, and
         # every key is still there (a cache reset during its store leaves it absent).
         if not self._backlog and fits and bool((self.store.lookup(keys) == _READY).all()):
-            slots = self.store.prepare_load(keys)
+            slots = self.store.hold_for_write(keys)
             self._cascading_slots += len(keys)
             self._new_cascades.append(self._open(self._cascades, keys, slots))
             return
@@ -154,12 +159,12 @@ class SharedTier:
         if job.reports < self.world_size:
             return
         del self._cascades[job_id]
-        self.store.complete_load(job.keys)
+        self.store.release_write(job.keys)
         self._cascading_slots -= len(job.keys)
         self._drain_backlog()
 
     def _drain_backlog(self) -> None:
-        """Pins the backlog's next keys that are still ready, up to the budget, as one job."""
+        """Holds the backlog's next keys that are still ready, up to the budget, as one job."""
         ready: list[bytes] = []
         while self._backlog and self._cascading_slots + len(ready) < self.max_cascade_slots:
             room = self.max_cascade_slots - self._cascading_slots - len(ready)
@@ -172,7 +177,7 @@ class SharedTier:
             return
         # A key twice in the backlog (stored, evicted, stored again) is written once.
         keys = KeyList(list(dict.fromkeys(ready)))
-        slots = self.store.prepare_load(keys)
+        slots = self.store.hold_for_write(keys)
         self._cascading_slots += len(keys)
         self._new_cascades.append(self._open(self._cascades, keys, slots))
 

@@ -95,12 +95,14 @@ class SchedulerSide:
     ) -> tuple[int | None, bool]:
         self.on_new_request(request)
         hit = self.scheduler.lookup(
-            request.request_id, num_computed_tokens, request.num_tokens, request.block_hashes
+            request.request_id,
+            num_computed_tokens,
+            request.num_tokens,
+            request.block_hashes,
+            read=not request.skip_reading_prefix_cache,
         )
         if hit is None:
             return None, False
-        if request.skip_reading_prefix_cache:
-            return 0, False
         # Always asynchronous: vLLM keeps the request waiting until the load is reported, and a
         # hit of the whole prompt is legal (vLLM then recomputes the last token).
         return hit, hit > 0

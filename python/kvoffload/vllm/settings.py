@@ -70,6 +70,15 @@ class ConnectorSettings:
         identity = None
         if tier is not None:
             parallel = vllm_config.parallel_config
+            cp = (parallel.prefill_context_parallel_size, parallel.decode_context_parallel_size)
+            if cp != (1, 1):
+                # Context-parallel ranks hold other tokens' KV under the same TP rank: their
+                # shards would meet under one key.
+                raise NotSupportedError(
+                    "secondary_tiers is not supported with context parallelism "
+                    f"(prefill_context_parallel_size={cp[0]}, "
+                    f"decode_context_parallel_size={cp[1]}); allowed: 1 and 1"
+                )
             identity = TierIdentity(
                 namespace=tier[0].namespace,
                 model=vllm_config.model_config.model,
@@ -115,8 +124,10 @@ def _secondary_tier(tiers: object) -> tuple[RemoteTierConfig, str] | None:
     if tiers is None:
         return None
     if not isinstance(tiers, list) or not tiers:
+        # Not the value itself: it may hold the server's password.
+        given = "an empty list" if tiers == [] else f"a {type(tiers).__name__}"
         raise ConfigError(
-            f"secondary_tiers={tiers!r} is invalid: expected a list of one entry, e.g. "
+            f"secondary_tiers is {given}: expected a list of one entry, e.g. "
             '[{"type": "RedisTier", "url": "redis://host:6379/0", "namespace": "model@rev"}]'
         )
     if len(tiers) > 1:

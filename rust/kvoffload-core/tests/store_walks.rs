@@ -443,3 +443,75 @@ fn a_partial_store_that_fits_nothing_now_is_refused() {
     assert_eq!(s.stats().store_refusals, before + 1);
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn a_write_hold_keeps_a_key_from_eviction_but_is_not_a_load() {
+    let mut s = Store::new(2, PolicyKind::Lru, false).unwrap();
+    store(&mut s, &[1, 2]);
+    assert_eq!(s.hold_for_write(&ks(&[1])).unwrap(), vec![0]);
+    assert_eq!(s.stats().pinned, 1);
+    assert_eq!(s.first_pinned(&ks(&[1, 2])).unwrap(), 2); // no load in flight
+                                                          // Only 2 can make room; 1 is held even though it is the oldest.
+    let plan = store(&mut s, &[3]);
+    assert_eq!(ids(plan.evicted.iter()), vec![2]);
+    assert_eq!(
+        s.prepare_store(&ks(&[4])).unwrap().map(|p| p.slots.len()),
+        Some(1)
+    );
+    s.complete_store(&ks(&[4]), false).unwrap();
+
+    // A load on top of the hold: now it is a load in flight; each ends on its own.
+    s.prepare_load(&ks(&[1])).unwrap();
+    assert_eq!(s.first_pinned(&ks(&[1])).unwrap(), 0);
+    assert_eq!(s.stats().pinned, 1);
+    s.complete_load(&ks(&[1])).unwrap();
+    assert_eq!(s.first_pinned(&ks(&[1])).unwrap(), 1);
+    assert!(matches!(
+        s.complete_load(&ks(&[1])),
+        Err(Error::InvalidState {
+            op: "complete_load",
+            ..
+        })
+    ));
+    assert_eq!(s.stats().pinned, 1);
+    s.release_write(&ks(&[1])).unwrap();
+    assert_eq!(s.stats().pinned, 0);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn write_holds_refuse_what_they_cannot_take_and_change_nothing() {
+    let mut s = Store::new(4, PolicyKind::Lru, false).unwrap();
+    store(&mut s, &[1, 2]);
+    s.prepare_store(&ks(&[3])).unwrap().unwrap(); // 3 pending
+    for (keys, state) in [
+        (ks(&[1, 3]), "pending"),
+        (ks(&[1, 9]), "absent"),
+        (ks(&[1, 2, 1]), "listed twice"),
+    ] {
+        match s.hold_for_write(&keys) {
+            Err(Error::InvalidState { state: got, .. }) => assert_eq!(got, state),
+            other => panic!("{keys:?}: {other:?}"),
+        }
+        assert_eq!(s.stats().pinned, 0);
+    }
+    s.hold_for_write(&ks(&[1])).unwrap();
+    assert!(s.hold_for_write(&ks(&[1])).is_err()); // held already
+    assert!(s.release_write(&ks(&[2])).is_err()); // never held
+    assert!(s.release_write(&ks(&[1, 1])).is_err());
+    assert_eq!(s.stats().pinned, 1);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn a_key_reset_while_held_leaves_at_its_release() {
+    let mut s = Store::new(2, PolicyKind::Lru, false).unwrap();
+    store(&mut s, &[1, 2]);
+    s.hold_for_write(&ks(&[1])).unwrap();
+    s.reset();
+    assert_eq!(s.lookup(&ks(&[1, 2])).unwrap(), vec![KeyStatus::Absent; 2]);
+    assert_eq!(s.stats().used_slots, 1); // 1's slot is still read by its write
+    s.release_write(&ks(&[1])).unwrap();
+    assert_eq!((s.stats().used_slots, s.stats().pinned), (0, 0));
+    s.check_invariants().unwrap();
+}

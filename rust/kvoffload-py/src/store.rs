@@ -185,6 +185,19 @@ impl Store {
         self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.complete_load(k))
     }
 
+    fn hold_for_write<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let slots = self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.hold_for_write(k))?;
+        int64_bytes(py, &slots)
+    }
+
+    fn release_write(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.release_write(k))
+    }
+
     #[pyo3(signature = (keys, reuse = true))]
     fn touch(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, reuse: bool) -> PyResult<()> {
         self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.touch(k, reuse))

@@ -390,3 +390,36 @@ def test_has_work_until_lookups_promotions_and_cascades_have_all_ended(redis):
     assert lookups.lookup(ks.to_list()[0], "r") is True
     tier.finish_request("r")  # its verdicts are dropped: a new request asks the server anew
     assert lookups.lookup(ks.to_list()[0], "r2") is None
+
+
+def test_chunks_held_by_their_write_are_hit_while_another_load_is_in_flight(redis):
+    """A cascade holds the chunks it writes, but that is not a load: a request that hits them
+    while some other request's load is in flight is not sent to ask again."""
+    from kvoffload.scheduler import OffloadConfig, OffloadScheduler, RequestUpdate
+    from sched_driver import TPB, block_hashes
+
+    config = OffloadConfig.from_dict(
+        {"tokens_per_block": TPB, "blocks_per_chunk": 3, "cpu_bytes_to_use": 1 << 20}
+    )
+    sched = OffloadScheduler(
+        config, CpuStore(16), remote=RemoteLookups(remote_client(redis.url)), world_size=1
+    )
+
+    def stored(rid: str, tokens: list[int]) -> None:
+        sched.add_request(rid, len(tokens))
+        hashes = block_hashes(tokens)
+        assert sched.lookup(rid, 0, len(tokens), hashes, read=False) == 0
+        sched.on_allocated(rid, list(range(len(tokens) // TPB)), 0)
+        plan = sched.plan_step([RequestUpdate(rid, len(tokens), len(tokens), (), hashes)])
+        (job,) = plan.store_jobs
+        sched.complete_job(job.job_id, True)
+
+    x, a = list(range(100, 112)), list(range(200, 224))
+    stored("x", x)
+    stored("a", a)  # its 2 chunks are now held by their write to Redis (behind x's 1)
+    assert sched.store.stats().pinned == 3
+    sched.add_request("y", len(x) + 1)
+    assert sched.lookup("y", 0, len(x) + 1, block_hashes([*x, 1])) == 12
+    assert sched.on_allocated("y", list(range(4)), 12) is not None  # y's load is in flight
+    sched.add_request("b", len(a) + 1)
+    assert sched.lookup("b", 0, len(a) + 1, block_hashes([*a, 1])) == 24  # not None
