@@ -701,3 +701,19 @@ def test_a_petabyte_tier_is_configured_at_once():
     config = OffloadConfig.from_dict({"tokens_per_block": 16, "cpu_bytes_to_use": 10**15})
     sched = OffloadScheduler.create(config, bytes_per_chunk=2 << 20)
     assert sched.store.num_slots == 10**15 // (2 << 20)
+
+
+def test_a_write_hold_is_not_a_load_and_keeps_its_key():
+    store = CpuStore(2)
+    plan = store.prepare_store([b"a", b"b"])
+    store.complete_store(plan.keys)
+    assert store.hold_for_write([b"a"]).tolist() == plan.slots[:1].tolist()
+    assert store.first_pinned([b"a", b"b"]) == 2  # held, but no load in flight
+    assert store.stats().pinned == 1
+    new = store.prepare_store([b"c"])  # room is made from b, not from the held a
+    assert new is not None and new.evicted == [b"b"]
+    with pytest.raises(InvalidStateError, match=r"release_write: keys\[0\].*held for a write"):
+        store.release_write([b"c"])
+    store.release_write([b"a"])
+    assert store.stats().pinned == 0
+    store.check_invariants()
