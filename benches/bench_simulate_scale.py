@@ -1,6 +1,7 @@
 """`kvoffload simulate` on a whole published trace: Mooncake's FAST'25 conversation trace (12,031
-requests, about 145 M prompt tokens over an hour) on 1 instance (the baseline) and on 8 behind
-prefix-affinity. Reports wall time, peak RSS and simulated requests per wall second of each.
+requests, about 145 M prompt tokens over an hour) on 1 instance (the baseline), on 8 behind
+prefix-affinity, and on those 8 with a 512 GiB shared tier behind them (the shared-tier what-if).
+Reports wall time, peak RSS and simulated requests per wall second of each.
 
 The trace is read from $KVOFFLOAD_MOONCAKE_TRACE when set (conversation_trace.jsonl); otherwise
 `kvoffload.simulate.gen_hash_ids_trace` generates one of the same shape: the same request count,
@@ -24,10 +25,11 @@ SMOKE_REQUESTS = 300
 ENGINE = ["--gpu-blocks", "50000", "--max-running", "256", "--cpu-gib", "256"]
 
 
-def _run(trace: str, instances: int, limit: int | None) -> dict:
+def _run(trace: str, instances: int, remote_gib: int | None, limit: int | None) -> dict:
     """One replay in a fresh process, so that its peak RSS is its own."""
     args = ["simulate", "--trace", trace, *ENGINE, "--json", "--quiet"]
     args += ["--instances", str(instances), "--router", "prefix-affinity"] * (instances > 1)
+    args += ["--remote-gib", str(remote_gib)] if remote_gib else []
     args += ["--limit", str(limit)] if limit else []
     code = (
         "import json, resource, sys; from kvoffload.cli import main; "
@@ -55,10 +57,14 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("instances", [1, 8])
-def test_whole_trace(benchmark, trace: str, instances: int) -> None:
+@pytest.mark.parametrize(
+    ("instances", "remote_gib"), [(1, None), (8, None), (8, 512)], ids=["1", "8", "8+shared"]
+)
+def test_whole_trace(benchmark, trace: str, instances: int, remote_gib: int | None) -> None:
     limit = SMOKE_REQUESTS if benchmark.disabled else None
-    result = benchmark.pedantic(_run, args=(trace, instances, limit), rounds=1, iterations=1)
+    result = benchmark.pedantic(
+        _run, args=(trace, instances, remote_gib, limit), rounds=1, iterations=1
+    )
     benchmark.extra_info.update(
         {
             "wall_s": round(result["wall_s"], 1),
@@ -68,6 +74,7 @@ def test_whole_trace(benchmark, trace: str, instances: int) -> None:
             "ttft_mean_s": round(result["ttft_mean_s"], 3),
         }
     )
-    sys.stderr.write(f"\n{instances} instance(s): {benchmark.extra_info}\n")
+    shared = f", {remote_gib} GiB shared tier" if remote_gib else ""
+    sys.stderr.write(f"\n{instances} instance(s){shared}: {benchmark.extra_info}\n")
     assert result["requests"] == (limit or REQUESTS)
     assert result["rss_mib"] < 2048  # the issue's target (memory, not time: a test may check it)
