@@ -59,9 +59,12 @@ class Trace:
     batched_tokens: int
 
 
-def make_trace(small: bool) -> Trace:
-    rng = random.Random(8)
-    n_req, n_prefix, lo, hi = (8, 2, 512, 1024) if small else (64, 8, 4096, 16384)
+def shared_prefix_requests(
+    seed: int, n_req: int, n_prefix: int, lo: int, hi: int
+) -> list[tuple[str, list[int]]]:
+    """`n_req` prompts, each one of `n_prefix` shared prefixes plus its own suffix, both of
+    `lo`..`hi` random tokens."""
+    rng = random.Random(seed)
     prefixes = [
         [rng.randrange(100, 900) for _ in range(rng.randint(lo, hi))] for _ in range(n_prefix)
     ]
@@ -69,6 +72,11 @@ def make_trace(small: bool) -> Trace:
     for i in range(n_req):
         suffix = [rng.randrange(100, 900) for _ in range(rng.randint(lo, hi))]
         requests.append((f"r{i}", prefixes[rng.randrange(n_prefix)] + suffix))
+    return requests
+
+
+def make_trace(small: bool) -> Trace:
+    requests = shared_prefix_requests(8, *((8, 2, 512, 1024) if small else (64, 8, 4096, 16384)))
     if small:
         return Trace(requests, gpu_blocks=160, cpu_chunks=256, batched_tokens=1024)
     return Trace(requests, gpu_blocks=8192, cpu_chunks=16384, batched_tokens=8192)

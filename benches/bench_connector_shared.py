@@ -17,7 +17,6 @@ the trace 3 times and keeps its least hook time; `make bench` prints the table, 
 from __future__ import annotations
 
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ pytest.importorskip("vllm.config", reason="vLLM is not installed (`make test` in
 
 from rig import NoCopyWorker, make_rig, write_model_dir
 
-from bench_connector import HOOKS, HookClock
+from bench_connector import HOOKS, HookClock, shared_prefix_requests
 from redis_server import RedisServer, redis_server
 
 TPB = 16
@@ -42,16 +41,7 @@ NAMESPACE = "bench@shared"
 
 
 def make_trace(small: bool) -> list[tuple[str, list[int]]]:
-    rng = random.Random(19)
-    n_req, n_prefix, lo, hi = (6, 2, 256, 512) if small else (32, 8, 1024, 4096)
-    prefixes = [
-        [rng.randrange(100, 900) for _ in range(rng.randint(lo, hi))] for _ in range(n_prefix)
-    ]
-    out = []
-    for i in range(n_req):
-        suffix = [rng.randrange(100, 900) for _ in range(rng.randint(lo, hi))]
-        out.append((f"r{i}", prefixes[rng.randrange(n_prefix)] + suffix))
-    return out
+    return shared_prefix_requests(19, *((6, 2, 256, 512) if small else (32, 8, 1024, 4096)))
 
 
 def engine(connector: str, url: str, model_dir: str, cpu_chunks: int) -> Any:
