@@ -48,9 +48,9 @@ from kvoffload.remote import (
     RemoteClient,
     RemoteLookups,
     RemoteTierConfig,
+    SeedCanary,
     TierIdentity,
 )
-from kvoffload.remote.canary import SeedCanary
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
