@@ -55,6 +55,9 @@ impl LookupTable {
             self.requests.insert(request.to_owned(), Set::default());
         }
         let asked = self.requests.get_mut(request).expect("inserted above");
+        // A request's first ask registers its whole prefix: grow each table once, not per key.
+        asked.reserve(keys.len());
+        self.verdicts.reserve(keys.len());
         let (mut found, mut waiting) = (0, false);
         for key in keys {
             if !self.verdicts.contains_key(*key) {
