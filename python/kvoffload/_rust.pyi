@@ -69,10 +69,17 @@ _Keys = Iterable[bytes] | KeyList | KeyRange
 @final
 class Store:
     def __new__(
-        cls, num_slots: int, eviction_policy: str = "lru", enable_events: bool = False
+        cls,
+        num_slots: int,
+        eviction_policy: str = "lru",
+        enable_events: bool = False,
+        usable_slots: int | None = None,
     ) -> Store: ...
     @property
     def num_slots(self) -> int: ...
+    @property
+    def usable_slots(self) -> int: ...
+    def set_usable_slots(self, usable: int) -> None: ...
     @property
     def eviction_policy(self) -> str: ...
     @property

@@ -65,6 +65,9 @@ class StoreEvent:
 @dataclass(frozen=True)
 class StoreStats:
     num_slots: int
+    usable_slots: int
+    """Slots that may be handed out now (the rest wait for their memory, see
+    `CpuStore.set_usable_slots`)."""
     used_slots: int
     ready: int
     pending: int
@@ -110,13 +113,20 @@ class CpuStore:
 
     `eviction_policy` is one of `POLICY_NAMES` (`"lru"`, `"arc"`). With `enable_events=True` the
     store records stored/removed batches for `take_events` (off by default: nobody draining them
-    would make them grow without bound).
+    would make them grow without bound). With `usable_slots`, only slots below it are handed out
+    until `set_usable_slots` raises it (a tier whose memory is still being pinned); until then a
+    store that does not fit is "cannot store now".
     """
 
     __slots__ = ("_inner",)
 
     def __init__(
-        self, num_slots: int, eviction_policy: str = "lru", *, enable_events: bool = False
+        self,
+        num_slots: int,
+        eviction_policy: str = "lru",
+        *,
+        enable_events: bool = False,
+        usable_slots: int | None = None,
     ) -> None:
         if isinstance(num_slots, bool):
             raise TypeError(f"num_slots must be an int, got bool ({num_slots!r})")
@@ -133,11 +143,25 @@ class CpuStore:
                 f"eviction_policy must be a str, one of {', '.join(POLICY_NAMES)}; "
                 f"got {type(eviction_policy).__name__}"
             )
-        self._inner = _rust.Store(n, eviction_policy, bool(enable_events))
+        if usable_slots is not None and (
+            isinstance(usable_slots, bool) or not isinstance(usable_slots, int)
+        ):
+            raise TypeError(f"usable_slots must be an int or None, got {usable_slots!r}")
+        self._inner = _rust.Store(n, eviction_policy, bool(enable_events), usable_slots)
 
     @property
     def num_slots(self) -> int:
         return self._inner.num_slots
+
+    @property
+    def usable_slots(self) -> int:
+        return self._inner.usable_slots
+
+    def set_usable_slots(self, usable: int) -> None:
+        """Raises the slots that may be handed out (never lowers them), up to `num_slots`."""
+        if isinstance(usable, bool) or not isinstance(usable, int):
+            raise TypeError(f"usable must be an int, got {usable!r}")
+        self._inner.set_usable_slots(usable)
 
     @property
     def eviction_policy(self) -> str:

@@ -106,6 +106,9 @@ class _Counter:
             def inc(self, v):
                 counter.values[values] = counter.values.get(values, 0) + v
 
+            def set(self, v):
+                counter.values[values] = v
+
         return _Child()
 
 
@@ -113,7 +116,7 @@ def test_prometheus_counters(model_dir):
     from prometheus_client import Counter, Gauge, Histogram
 
     rig = make_rig(model_dir)
-    types = {Counter: _Counter, Gauge: object, Histogram: object}
+    types = {Counter: _Counter, Gauge: _Counter, Histogram: object}
     prom = KVOffloadConnector.build_prom_metrics(
         rig.vllm_config, types, ["model_name", "engine"], {0: ["tiny", "0"]}
     )
@@ -122,3 +125,8 @@ def test_prometheus_counters(model_dir):
     assert _Counter.made["vllm:kvoffload_hit_tokens"].values == {("tiny", "0"): 60}
     assert _Counter.made["vllm:kvoffload_bytes_loaded"].values == {("tiny", "0"): 1024}
     assert _Counter.made["vllm:kvoffload_lookups"].values == {}
+    # Gauges hold the latest value: the CPU tier's usable bytes as its pool is pinned.
+    prom.observe({"cpu_tier_usable_bytes": 1 << 20, "cpu_tier_ready_ratio": 0.25})
+    prom.observe({"cpu_tier_usable_bytes": 4 << 20, "cpu_tier_ready_ratio": 1.0})
+    assert _Counter.made["vllm:kvoffload_cpu_tier_usable_bytes"].values == {("tiny", "0"): 4 << 20}
+    assert _Counter.made["vllm:kvoffload_cpu_tier_ready_ratio"].values == {("tiny", "0"): 1.0}

@@ -164,15 +164,18 @@ class OffloadScheduler:
         bytes_per_chunk: int,
         *,
         enable_events: bool = False,
+        usable_slots: int | None = None,
         remote: Lookups | None = None,
         world_size: int = 1,
         remote_locality: str = "REMOTE",
     ) -> OffloadScheduler:
-        """A scheduler with its own CPU-tier store sized from `config.cpu_bytes_to_use`."""
+        """A scheduler with its own CPU-tier store sized from `config.cpu_bytes_to_use` (with
+        `usable_slots`, a store that grows as its memory gets ready: `CpuStore`)."""
         store = CpuStore(
             config.num_slots(bytes_per_chunk),
             config.eviction_policy,
             enable_events=enable_events,
+            usable_slots=usable_slots,
         )
         return cls(
             config,

@@ -78,7 +78,10 @@ class TransferEngine:
 
     `copy_path` (fixed at construction) picks how copies are issued, see `COPY_PATHS`.
     `staging_bytes` bounds each direction's GPU staging buffer for the batched path (it holds at
-    least one chunk); `pin_piece_bytes` is the size of the pieces the pool is pinned in. The engine
+    least one chunk); `pin_piece_bytes` is the size of the pieces the pool is pinned in, and with
+    `pin_in_background` they are prepared on a thread while the engine already runs: only slots
+    below `pool.usable_slots` may then be used (see `CpuPool`); `numa_node` binds the pool's
+    memory to a NUMA node. The engine
     is not thread-safe: call it from one thread. Copies run under `torch.inference_mode()`, so an
     engine made inside it (as vLLM's workers make their caches) works outside it, and the reverse.
     """
@@ -95,6 +98,8 @@ class TransferEngine:
         staging_bytes: int = 128 << 20,
         min_direct_copy_bytes: int = 1 << 20,
         pin_piece_bytes: int = 1 << 30,
+        pin_in_background: bool = False,
+        numa_node: int | None = None,
     ) -> None:
         if isinstance(kv_caches, KVCacheLayout):
             if block_dim is not None:
@@ -138,6 +143,8 @@ class TransferEngine:
             self.chunk_bytes,
             pin_device=layout.device if self.is_cuda else None,
             piece_bytes=pin_piece_bytes,
+            background=pin_in_background,
+            numa_node=numa_node,
         )
         unit = layout.unit_bytes
         self._geom = Geometry(
@@ -289,6 +296,13 @@ class TransferEngine:
         slot_ids, gpu_ids, skip = check_job(
             self._geom, slots, gpu_block_ids, skip_leading_blocks, d.store
         )
+        usable = self.pool.usable_slots
+        if usable < self.pool.num_slots and slot_ids.size and int(slot_ids.max()) >= usable:
+            # Its memory is still being pinned: a copy there would see pageable memory.
+            raise ValueError(
+                f"slots={slot_ids.tolist()} reach past the {usable} slots ready so far "
+                f"(of {self.pool.num_slots}); allowed: slots below {usable}"
+            )
         plan = plan_copies(self._geom, slot_ids, gpu_ids, skip, self._path)
         job = _Job(self._seq, job_id, len(gpu_ids) * self.layout.block_bytes)
         self._seq += 1

@@ -5,8 +5,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import mmap
+import os
+import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,15 @@ class CpuPool:
     not span two pieces (the driver would see pageable memory): runs of slots are split at every
     `slots_per_piece` slots. Without `pin_device` (CPU mode) nothing is registered and no
     CUDA call is made.
+
+    With `background=True` the constructor returns at once and a thread prepares the pieces in
+    slot order: each is page-locked (CUDA) or first-touched (CPU mode: its pages are faulted in),
+    and `usable_slots` grows by a piece's slots when it is done. A slot at or past
+    `usable_slots` must not be copied to or from. A piece that fails ends the growth there with
+    one warning; the pool stays usable at that size. With `numa_node`, the pool's pages are
+    bound to that NUMA node (`mbind`) before anything touches them. `before_piece(i)`, if given,
+    runs on that thread before piece `i` (tests slow a start-up down with it, or make a piece
+    fail by raising `OSError`).
     """
 
     def __init__(
@@ -42,6 +54,9 @@ class CpuPool:
         *,
         pin_device: torch.device | None = None,
         piece_bytes: int = 1 << 30,
+        background: bool = False,
+        numa_node: int | None = None,
+        before_piece: Callable[[int], None] | None = None,
     ) -> None:
         for name, value, low in (("num_slots", num_slots, 1), ("slot_bytes", slot_bytes, 1)):
             if type(value) is not int or value < low:
@@ -70,13 +85,91 @@ class CpuPool:
         # Created outside inference mode whatever the caller's mode: copies use it in any mode.
         with torch.inference_mode(False):
             self.buffer: torch.Tensor = torch.frombuffer(memory, dtype=torch.uint8)
+        self.numa_node = numa_node
+        if numa_node is not None:
+            bind_to_node(self.buffer.data_ptr(), nbytes, numa_node)
         """The whole pool as flat bytes (page-aligned; includes the padding between pieces)."""
         self.pinned = pin_device is not None
-        pieces: list[int] = []
-        if pin_device is not None:
-            pieces = _register(self.buffer, self._piece_ranges(), pin_device)
+        self._pieces: list[int] = []
+        """Addresses of the registered pieces (CUDA)."""
+        self._ready_pieces = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.started_at = time.monotonic()
+        self.first_piece_s: float | None = None
+        """Seconds from construction to the first usable piece."""
+        self.all_pieces_s: float | None = None
+        """Seconds to the whole pool, or `None` while growing (or if it stopped short)."""
         # The tensor keeps the mapping alive; the finalizer keeps it until it is unregistered.
-        self._finalizer = weakref.finalize(self, _unregister, memory, pieces)
+        self._finalizer = weakref.finalize(self, _unregister, memory, self._pieces)
+        if background:
+            self._thread = threading.Thread(
+                target=self._prepare,
+                args=(pin_device, before_piece),
+                name="kvoffload-pool",
+                daemon=True,
+            )
+            self._thread.start()
+            return
+        if pin_device is not None:
+            self._pieces.extend(_register(self.buffer, self._piece_ranges(), pin_device))
+        self._ready_pieces = self.num_pieces
+        self.first_piece_s = self.all_pieces_s = time.monotonic() - self.started_at
+
+    @property
+    def usable_slots(self) -> int:
+        """Slots whose memory is ready (pinned, or first-touched in CPU mode)."""
+        return min(self.num_slots, self._ready_pieces * self.slots_per_piece)
+
+    @property
+    def growing(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Blocks until the background preparation has ended (done, failed or closed)."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _prepare(
+        self, device: torch.device | None, before_piece: Callable[[int], None] | None
+    ) -> None:
+        ranges = self._piece_ranges()
+        total = sum(n for _, n in ranges)
+        for i, (offset, nbytes) in enumerate(ranges):
+            if self._stop.is_set():
+                return
+            try:
+                if before_piece is not None:
+                    before_piece(i)
+                if device is None:
+                    # ctypes releases the GIL for the call: the fault-in runs beside Python.
+                    ctypes.memset(self.buffer.data_ptr() + offset, 0, nbytes)
+                else:
+                    self._pieces.extend(
+                        _register(self.buffer, [(offset, nbytes)], device, quiet=True)
+                    )
+            except (KVOffloadError, OSError, RuntimeError) as exc:
+                logger.warning(
+                    "kvoffload: the CPU tier stops growing at %.2f of %.2f GiB: piece %d of %d "
+                    "could not be prepared (%s)",
+                    self.usable_slots * self.slot_bytes / 2**30,
+                    total / 2**30,
+                    i,
+                    len(ranges),
+                    exc,
+                )
+                return
+            self._ready_pieces = i + 1
+            if i == 0:
+                self.first_piece_s = time.monotonic() - self.started_at
+        self.all_pieces_s = time.monotonic() - self.started_at
+        logger.info(
+            "kvoffload: the CPU tier's %.2f GiB is ready: first piece after %.2f s, all after "
+            "%.2f s",
+            total / 2**30,
+            self.first_piece_s or 0.0,
+            self.all_pieces_s,
+        )
 
     def _piece_ranges(self) -> list[tuple[int, int]]:
         """(byte offset, length) of each piece."""
@@ -100,8 +193,11 @@ class CpuPool:
         return self.buffer[offset : offset + self.slot_bytes]
 
     def close(self) -> None:
-        """Unregisters the memory (also done when the pool is garbage-collected). Copies that
-        use the pool must have finished."""
+        """Stops a background preparation, then unregisters the memory (also done when the pool
+        is garbage-collected). Copies that use the pool must have finished."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
         self._finalizer()
 
     def __repr__(self) -> str:
@@ -111,8 +207,45 @@ class CpuPool:
         )
 
 
+# mbind(2): its syscall number per architecture, and the policy that confines pages to the mask.
+_SYS_MBIND = {"x86_64": 237, "aarch64": 235}
+_MPOL_BIND = 2
+
+
+def bind_to_node(address: int, nbytes: int, node: int) -> None:
+    """Binds `nbytes` of memory at `address` (page-aligned, not touched yet) to NUMA `node`, or
+    raises `ValueError` naming `numa_node` when the kernel refuses (no such node)."""
+    if type(node) is not int or not 0 <= node < 1024:
+        raise ValueError(f"numa_node={node!r} is invalid; allowed: an int in 0..1023")
+    number = _SYS_MBIND.get(os.uname().machine)
+    if number is None:
+        raise ValueError(
+            f"numa_node={node}: binding memory is not supported on {os.uname().machine}"
+        )
+    words = node // 64 + 1
+    mask = (ctypes.c_ulong * words)()
+    mask[node // 64] = 1 << (node % 64)
+    libc = ctypes.CDLL(None, use_errno=True)
+    # The kernel reads maxnode - 1 bits of the mask.
+    rc = libc.syscall(
+        number,
+        ctypes.c_void_p(address),
+        ctypes.c_ulong(nbytes),
+        _MPOL_BIND,
+        mask,
+        ctypes.c_ulong(words * 64 + 1),
+        0,
+    )
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise ValueError(
+            f"numa_node={node} is invalid: mbind refused it ({os.strerror(err)}); allowed: a "
+            f"node of this machine (see /sys/devices/system/node)"
+        )
+
+
 def _register(
-    buffer: torch.Tensor, ranges: list[tuple[int, int]], device: torch.device
+    buffer: torch.Tensor, ranges: list[tuple[int, int]], device: torch.device, quiet: bool = False
 ) -> list[int]:
     """Page-locks each range and returns their addresses. One call per piece, so the GIL (held
     by torch's binding during the call) is released between pieces of a large pool."""
@@ -122,7 +255,8 @@ def _register(
     done_bytes = 0
     log_every = max(1, len(ranges) // 10)
     started = time.monotonic()
-    logger.info("pinning %.2f GiB of CPU memory in %d pieces", total / 2**30, len(ranges))
+    if not quiet:
+        logger.info("pinning %.2f GiB of CPU memory in %d pieces", total / 2**30, len(ranges))
     with torch.cuda.device(device):
         for i, (offset, nbytes) in enumerate(ranges):
             ptr = buffer.data_ptr() + offset
@@ -138,7 +272,7 @@ def _register(
                 )
             done.append(ptr)
             done_bytes += nbytes
-            if (i + 1) % log_every == 0 or i + 1 == len(ranges):
+            if not quiet and ((i + 1) % log_every == 0 or i + 1 == len(ranges)):
                 logger.info(
                     "pinned %.2f / %.2f GiB (%.1f s)",
                     done_bytes / 2**30,

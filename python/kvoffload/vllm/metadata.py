@@ -40,6 +40,8 @@ class KVOffloadWorkerMetadata(KVConnectorWorkerMetadata):
     """Promotions ended: `job_id -> (workers, per key 1 if every one of them filled it)`."""
     cascaded: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     """Cascades ended: `job_id -> (workers, shards written, shards not written)`."""
+    usable_slots: dict[int, int] = field(default_factory=dict)
+    """`rank -> slots` of a worker whose CPU pool grew (it is pinned piece by piece)."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVOffloadWorkerMetadata:
         """Both objects' reports: counts add up, a job (a promoted key) is ok only if every
@@ -60,4 +62,7 @@ class KVOffloadWorkerMetadata(KVConnectorWorkerMetadata):
         for job_id, (workers, written, dropped) in other.cascaded.items():
             w, wr, dr = cascaded.get(job_id, (0, 0, 0))
             cascaded[job_id] = (w + workers, wr + written, dr + dropped)
-        return KVOffloadWorkerMetadata(results, promoted, cascaded)
+        usable = dict(self.usable_slots)
+        for rank, slots in other.usable_slots.items():
+            usable[rank] = max(slots, usable.get(rank, 0))
+        return KVOffloadWorkerMetadata(results, promoted, cascaded, usable)

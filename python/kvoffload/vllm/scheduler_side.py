@@ -56,6 +56,7 @@ class SchedulerSide:
         self.scheduler = OffloadScheduler.create(
             settings.config,
             settings.bytes_per_chunk,
+            usable_slots=0 if settings.pin_in_background else None,
             enable_events=settings.enable_events,
             remote=lookups,
             world_size=settings.world_size,
@@ -72,6 +73,9 @@ class SchedulerSide:
         self._loads: list[LoadJob] = []
         self._held: list[str] = []
         self._stats_mark = SchedulerStats()
+        self._usable: dict[int, int] = {}
+        """Each worker's usable CPU slots; the tier uses what all of them have."""
+        self._usable_reported = -1
         logger.info(
             "kvoffload: %d CPU-tier slots of %d tokens (%d bytes over %d workers), policy %s, "
             "offload_prompt_only=%s, shared tier %s",
@@ -176,6 +180,8 @@ class SchedulerSide:
                 del reports[job_id]
                 self.scheduler.complete_job(job_id, ok)
         self._reports = KVOffloadWorkerMetadata(reports)
+        if meta.usable_slots:
+            self._grow(meta.usable_slots)
         shared = self.scheduler.shared_tier
         if shared is not None:
             # The shared tier counts the workers' reports of its jobs itself.
@@ -183,6 +189,21 @@ class SchedulerSide:
                 shared.promoted(job_id, count, ok_keys)
             for job_id, (count, written, dropped) in meta.cascaded.items():
                 shared.cascaded(job_id, count, written, dropped)
+
+    def _grow(self, reported: dict[int, int]) -> None:
+        """A slot counts once every worker has its memory ready (each pins its own pool)."""
+        for rank, slots in reported.items():
+            self._usable[rank] = max(slots, self._usable.get(rank, 0))
+        if len(self._usable) < self.settings.world_size:
+            return
+        store = self.scheduler.store
+        usable = min(self._usable.values())
+        if usable > store.usable_slots:
+            if store.usable_slots == 0 or usable == store.num_slots:
+                logger.info(
+                    "kvoffload: the CPU tier has %d of its %d slots in use", usable, store.num_slots
+                )
+            store.set_usable_slots(usable)
 
     def request_finished(self, request: Request) -> bool:
         """Whether vLLM must keep the request's GPU blocks until the workers report it in
@@ -225,8 +246,14 @@ class SchedulerSide:
 
     def get_stats(self) -> KVOffloadStats | None:
         now = self.scheduler.stats()
-        delta = stats_delta(now, self._stats_mark)
+        delta: dict[str, int | float] = dict(stats_delta(now, self._stats_mark))
         self._stats_mark = now
+        store = self.scheduler.store
+        if store.usable_slots != self._usable_reported:
+            # Reported when the tier grows (once for a tier pinned before the first step).
+            self._usable_reported = store.usable_slots
+            delta["cpu_tier_usable_bytes"] = store.usable_slots * self.settings.bytes_per_chunk
+            delta["cpu_tier_ready_ratio"] = store.usable_slots / store.num_slots
         stats = KVOffloadStats(data=delta)
         return None if stats.is_empty() else stats
 

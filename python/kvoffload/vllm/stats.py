@@ -37,6 +37,13 @@ _COUNTERS: dict[str, str] = {
 }
 
 
+# Gauges: the latest value counts, not a sum over the interval.
+GAUGES: dict[str, str] = {
+    "cpu_tier_usable_bytes": "CPU-tier bytes usable now (all workers; grows while the pool is "
+    "pinned in the background)",
+    "cpu_tier_ready_ratio": "Share of the CPU tier whose memory is ready (1 once fully pinned)",
+}
+
 _FIELDS = tuple(f.name for f in fields(SchedulerStats))
 
 
@@ -54,14 +61,15 @@ def stats_delta(now: SchedulerStats, before: SchedulerStats) -> dict[str, int]:
 
 @dataclass
 class KVOffloadStats(KVConnectorStats):
-    """`data` maps a `SchedulerStats` counter name to its increment over the interval."""
+    """`data` maps a `SchedulerStats` counter name to its increment over the interval, and a
+    gauge (`GAUGES`) to its latest value."""
 
     def reset(self) -> None:
         self.data = {}
 
     def aggregate(self, other: KVConnectorStats) -> KVOffloadStats:
         for key, value in other.data.items():
-            self.data[key] = self.data.get(key, 0) + value
+            self.data[key] = value if key in GAUGES else self.data.get(key, 0) + value
         return self
 
     def reduce(self) -> dict[str, int | float]:
@@ -88,9 +96,21 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
             self._counters[name] = {
                 engine: metric.labels(*values) for engine, values in per_engine_labelvalues.items()
             }
+        self._gauges: dict[str, dict[int, Any]] = {}
+        for name, doc in GAUGES.items():
+            gauge = self._gauge_cls(
+                name=f"vllm:kvoffload_{name}", documentation=doc, labelnames=labelnames
+            )
+            self._gauges[name] = {
+                engine: gauge.labels(*values) for engine, values in per_engine_labelvalues.items()
+            }
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for name, value in transfer_stats_data.items():
+            gauge = self._gauges.get(name)
+            if gauge is not None:
+                gauge[engine_idx].set(value)
+                continue
             per_engine = self._counters.get(name)
             if per_engine is not None and value:
                 per_engine[engine_idx].inc(value)

@@ -4,6 +4,8 @@ vLLM registers; results go back through the worker metadata and vLLM's finished 
 from __future__ import annotations
 
 import logging
+import os
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,13 +33,35 @@ def block_dim_of(tensor: torch.Tensor, num_blocks: int) -> int:
 
 
 def worker_rank() -> int:
-    """This worker's place in its engine's TP x PP grid (0 outside a distributed run)."""
+    """This worker's place in its engine's PP x PCP x TP grid, as vLLM orders its ranks (0
+    outside a distributed run): every worker of the engine has its own."""
     from vllm.distributed import parallel_state as ps
 
     if not ps.model_parallel_is_initialized():  # type: ignore[no-untyped-call]
         return 0
     tp = ps.get_tensor_model_parallel_world_size()
-    return ps.get_pp_group().rank_in_group * tp + ps.get_tensor_model_parallel_rank()
+    try:
+        pcp = ps.get_pcp_group()
+        pcp_rank, pcp_size = pcp.rank_in_group, pcp.world_size
+    except AssertionError:  # no prefill context parallel group in this run
+        pcp_rank, pcp_size = 0, 1
+    pp_rank = ps.get_pp_group().rank_in_group
+    return (pp_rank * pcp_size + pcp_rank) * tp + ps.get_tensor_model_parallel_rank()
+
+
+def gpu_numa_node(device: torch.device) -> int | None:
+    """The NUMA node of a CUDA device as sysfs tells it, or None (CPU mode, no sysfs entry, or
+    -1: a machine without NUMA)."""
+    if device.type != "cuda":
+        return None
+    props: Any = torch.cuda.get_device_properties(device)  # its stub lacks the PCI fields
+    bus = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    try:
+        with open(f"/sys/bus/pci/devices/{bus}/numa_node") as f:
+            node = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
 
 
 class WorkerSide:
@@ -55,6 +79,8 @@ class WorkerSide:
         self.remote: ShardIO | None = None
         self._promoted: dict[int, tuple[int, bytes]] = {}
         self._cascaded: dict[int, tuple[int, int, int]] = {}
+        self.rank = 0
+        self._reported_usable = -1
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
         # Layers that share one tensor (KV sharing) are copied once.
@@ -71,6 +97,9 @@ class WorkerSide:
                 num_slots=self.settings.num_slots,
                 blocks_per_chunk=self.settings.config.blocks_per_chunk,
                 block_dim=block_dim_of(first, num_blocks),
+                pin_piece_bytes=self.settings.pin_piece_bytes,
+                pin_in_background=self.settings.pin_in_background,
+                numa_node=self._numa_node(first.device),
             )
         except (RuntimeError, MemoryError) as exc:
             raise ConfigError(
@@ -86,8 +115,26 @@ class WorkerSide:
                 self.settings.num_slots,
                 self.engine.chunk_bytes,
             )
+        self.rank = worker_rank()
         if self.settings.remote is not None:
             self.remote = self._connect(self.engine)
+
+    def _numa_node(self, device: torch.device) -> int | None:
+        """The node to bind the pool to: the configured one, or the GPU's ("auto")."""
+        node = self.settings.numa_node
+        if node == "auto":
+            node = gpu_numa_node(device)
+            how = "the GPU's node" if node is not None else "none: the GPU's node is not known"
+        else:
+            how = "configured"
+            if not os.path.isdir(f"/sys/devices/system/node/node{node}"):
+                raise ConfigError(
+                    f"numa_node={node} is invalid: this machine has no such node; allowed: one of "
+                    f'/sys/devices/system/node, "auto" (the GPU\'s node) or "none"'
+                )
+        logger.info("kvoffload: CPU pool NUMA binding: %s (%s)", node, how)
+        assert node is None or isinstance(node, int)
+        return node
 
     def _connect(self, engine: TransferEngine) -> ShardIO:
         """This worker's shard of every chunk in the shared tier, under its rank's digest."""
@@ -101,7 +148,7 @@ class WorkerSide:
                 f"config says {settings.worker_block_bytes * settings.config.blocks_per_chunk}; "
                 "the shared tier needs them to agree"
             )
-        rank = worker_rank()
+        rank = self.rank
         client = RemoteClient(settings.remote, settings.shard_digest(rank), engine.chunk_bytes)
         if client.startup_error is not None:
             logger.warning(
@@ -166,9 +213,15 @@ class WorkerSide:
         return errors
 
     def take_worker_meta(self) -> KVOffloadWorkerMetadata | None:
-        if not (self._results or self._promoted or self._cascaded):
+        usable = {} if self.engine is None else {self.rank: self.engine.pool.usable_slots}
+        grew = usable.get(self.rank, -1) != self._reported_usable
+        if not (self._results or self._promoted or self._cascaded or grew):
             return None
-        meta = KVOffloadWorkerMetadata(self._results, self._promoted, self._cascaded)
+        if grew:
+            self._reported_usable = usable[self.rank]
+        meta = KVOffloadWorkerMetadata(
+            self._results, self._promoted, self._cascaded, usable if grew else {}
+        )
         self._results, self._promoted, self._cascaded = {}, {}, {}
         return meta
 

@@ -179,6 +179,9 @@ pub struct StorePlan {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
     pub num_slots: u64,
+    /// Slots that may be handed out now (see `Store::set_usable_slots`); `num_slots` unless the
+    /// pool behind them is still being prepared.
+    pub usable_slots: u64,
     pub used_slots: u64,
     pub ready: u64,
     pub pending: u64,
@@ -204,6 +207,8 @@ pub struct Stats {
 /// used), and the index grows with the keys it holds, so a huge pool costs nothing until filled.
 pub struct Store {
     num_slots: u32,
+    /// Slots below this may be handed out; it only grows, up to `num_slots`.
+    usable: u32,
     entries: Vec<Entry>,
     index: Index,
     policy: Policy,
@@ -226,6 +231,7 @@ impl Store {
         let n = num_slots as u32;
         Ok(Store {
             num_slots: n,
+            usable: n,
             entries: Vec::new(),
             index: Index::new(n as usize, INDEX_LOAD),
             policy: Policy::new(policy, n),
@@ -233,6 +239,7 @@ impl Store {
             events: enable_events.then(Vec::new),
             stats: Stats {
                 num_slots: n.into(),
+                usable_slots: n.into(),
                 ..Stats::default()
             },
         })
@@ -240,6 +247,40 @@ impl Store {
 
     pub fn num_slots(&self) -> u32 {
         self.num_slots
+    }
+
+    /// A store whose slots from `usable` up are not ready yet (their memory is still being
+    /// pinned): none of them is handed out until `set_usable_slots` says so. For a new store.
+    pub fn with_usable_slots(mut self, usable: i64) -> Result<Self> {
+        if self.used_high_mark() > 0 || !(0..=i64::from(self.num_slots)).contains(&usable) {
+            return Err(Error::InvalidArgument {
+                name: "usable_slots",
+                value: usable.to_string(),
+                allowed: "an integer in 0..=num_slots, on a store that handed out no slot",
+            });
+        }
+        self.usable = usable as u32;
+        self.stats.usable_slots = self.usable.into();
+        Ok(self)
+    }
+
+    /// Raises the slots that may be handed out to `usable` (it never shrinks: a slot in use
+    /// stays in use).
+    pub fn set_usable_slots(&mut self, usable: i64) -> Result<()> {
+        if !(i64::from(self.usable)..=i64::from(self.num_slots)).contains(&usable) {
+            return Err(Error::InvalidArgument {
+                name: "usable_slots",
+                value: usable.to_string(),
+                allowed: "an integer from the current usable slots up to num_slots",
+            });
+        }
+        self.usable = usable as u32;
+        self.stats.usable_slots = self.usable.into();
+        Ok(())
+    }
+
+    pub fn usable_slots(&self) -> u32 {
+        self.usable
     }
 
     /// Slots handed out so far.
@@ -250,7 +291,7 @@ impl Store {
     /// Room for `keys` more keys in every structure that grows with use, before a call changes
     /// anything; an error naming the size when memory refuses.
     fn reserve(&mut self, keys: usize) -> Result<()> {
-        let fresh = keys.min((self.num_slots - self.used_high_mark()) as usize);
+        let fresh = keys.min((self.usable - self.used_high_mark()) as usize);
         let oom = |what: &'static str, items: usize, size: usize| Error::OutOfMemory {
             what,
             bytes: items.saturating_mul(size),
@@ -350,7 +391,7 @@ impl Store {
     }
 
     fn free_slots(&self) -> usize {
-        (self.num_slots - self.used_high_mark()) as usize + self.free.len()
+        (self.usable - self.used_high_mark()) as usize + self.free.len()
     }
 
     fn evictable(entries: &[Entry], slot: u32) -> bool {
@@ -479,7 +520,7 @@ impl Store {
                 .filter(|&&(_, s)| self.entries[s as usize].live())
                 .count()
         };
-        if partial && new.len() + live_resident() > self.num_slots as usize {
+        if partial && new.len() + live_resident() > self.usable as usize {
             // Room now: the free slots and every unpinned ready key not offered here.
             let evictable = self.stats.ready - self.stats.pinned - protected_unpinned;
             new.truncate(self.free_slots() + evictable as usize);
@@ -531,7 +572,7 @@ impl Store {
                 ..Entry::FREE
             };
             // Fresh slots first (in increasing order), then freed ones; `reserve` made room.
-            let slot = if self.used_high_mark() < self.num_slots {
+            let slot = if self.used_high_mark() < self.usable {
                 self.entries.push(entry);
                 self.used_high_mark() - 1
             } else {
@@ -947,6 +988,12 @@ impl Store {
         ensure!(
             live_slots + free.len() as u32 == self.used_high_mark(),
             "slots lost"
+        );
+        ensure!(
+            self.used_high_mark() <= self.usable && self.usable <= self.num_slots,
+            "slots handed out past the usable {} (of {})",
+            self.usable,
+            self.num_slots
         );
         ensure!(
             (ready, pending, pinned) == (self.stats.ready, self.stats.pending, self.stats.pinned),

@@ -203,6 +203,7 @@ impl Model {
         let count = |f: &dyn Fn(&MEntry) -> bool| self.entries.values().filter(|e| f(e)).count();
         Stats {
             num_slots: self.n.into(),
+            usable_slots: self.n.into(),
             used_slots: self.entries.len() as u64,
             // Keys dropped by `reset` but still pending or pinned count nowhere.
             ready: count(&|e| e.ready && !e.doomed) as u64,

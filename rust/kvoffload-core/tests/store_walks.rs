@@ -515,3 +515,53 @@ fn a_key_reset_while_held_leaves_at_its_release() {
     assert_eq!((s.stats().used_slots, s.stats().pinned), (0, 0));
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn slots_at_or_above_the_usable_count_are_never_handed_out() {
+    let mut s = Store::new(6, PolicyKind::Lru, false)
+        .unwrap()
+        .with_usable_slots(0)
+        .unwrap();
+    // Nothing usable yet: every store is "cannot store now", nothing changes.
+    assert_eq!(s.prepare_store(&ks(&[1])).unwrap(), None);
+    assert_eq!(s.stats().store_refusals, 1);
+    s.set_usable_slots(2).unwrap();
+    assert_eq!(store(&mut s, &[1, 2]).slots, vec![0, 1]);
+    // Full at 2: a third key evicts (the oldest), it does not take slot 2.
+    let plan = store(&mut s, &[3]);
+    assert_eq!((ids(plan.evicted.iter()), plan.slots), (vec![1], vec![0]));
+    s.set_usable_slots(4).unwrap();
+    assert_eq!(store(&mut s, &[4, 5]).slots, vec![2, 3]);
+    assert_eq!(s.stats().usable_slots, 4);
+    // A batch longer than the usable part stores what fits when partial, in order.
+    let plan = s
+        .prepare_store_ranked(&ks(&[6, 7, 8, 9, 10]), None, true)
+        .unwrap()
+        .unwrap();
+    assert!(plan.slots.iter().all(|&slot| slot < 4), "{:?}", plan.slots);
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn the_usable_count_only_grows_up_to_the_slots() {
+    let mut s = Store::new(4, PolicyKind::Arc, false)
+        .unwrap()
+        .with_usable_slots(1)
+        .unwrap();
+    for bad in [0, 5, -1] {
+        assert!(matches!(
+            s.set_usable_slots(bad),
+            Err(Error::InvalidArgument {
+                name: "usable_slots",
+                ..
+            })
+        ));
+    }
+    s.set_usable_slots(4).unwrap();
+    assert!(Store::new(4, PolicyKind::Lru, false)
+        .unwrap()
+        .with_usable_slots(5)
+        .is_err());
+    store(&mut s, &[1]);
+    assert!(s.check_invariants().is_ok());
+}

@@ -49,10 +49,19 @@ impl Store {
 #[pymethods]
 impl Store {
     #[new]
-    #[pyo3(signature = (num_slots, eviction_policy = "lru", enable_events = false))]
-    fn new(num_slots: i64, eviction_policy: &str, enable_events: bool) -> PyResult<Self> {
+    #[pyo3(signature = (num_slots, eviction_policy = "lru", enable_events = false, usable_slots = None))]
+    fn new(
+        num_slots: i64,
+        eviction_policy: &str,
+        enable_events: bool,
+        usable_slots: Option<i64>,
+    ) -> PyResult<Self> {
         let policy: PolicyKind = eviction_policy.parse().map_err(to_py)?;
-        let store = kvoffload_core::Store::new(num_slots, policy, enable_events).map_err(to_py)?;
+        let mut store =
+            kvoffload_core::Store::new(num_slots, policy, enable_events).map_err(to_py)?;
+        if let Some(usable) = usable_slots {
+            store = store.with_usable_slots(usable).map_err(to_py)?;
+        }
         Ok(Store {
             num_slots: store.num_slots(),
             policy: store.policy().name(),
@@ -64,6 +73,15 @@ impl Store {
     #[getter]
     fn num_slots(&self) -> u32 {
         self.num_slots
+    }
+
+    #[getter]
+    fn usable_slots(&self, py: Python<'_>) -> PyResult<u32> {
+        self.detached(py, |s| Ok(s.usable_slots()))
+    }
+
+    fn set_usable_slots(&self, py: Python<'_>, usable: i64) -> PyResult<()> {
+        self.detached(py, |s| s.set_usable_slots(usable))
     }
 
     #[getter]
@@ -229,6 +247,7 @@ impl Store {
         let st = self.detached(py, |s| Ok(s.stats()))?;
         let d = PyDict::new(py);
         d.set_item("num_slots", st.num_slots)?;
+        d.set_item("usable_slots", st.usable_slots)?;
         d.set_item("used_slots", st.used_slots)?;
         d.set_item("ready", st.ready)?;
         d.set_item("pending", st.pending)?;

@@ -1,0 +1,97 @@
+"""`CpuPool(background=True)`: the pool's pieces are prepared on a thread, in slot order, and
+`usable_slots` grows piece by piece; CPU mode first-touches each piece (the GPU path pins it, in
+`test_transfer_gpu.py` when a GPU is lent). Every piece waits on a gate the test opens."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from kvoffload.transfer import CpuPool, TransferEngine
+from pool_gate import Gate, until
+
+
+def test_the_pool_grows_piece_by_piece_in_slot_order():
+    gate = Gate()
+    pool = CpuPool(10, 3000, piece_bytes=4 * 3000, background=True, before_piece=gate)
+    assert (pool.num_pieces, pool.usable_slots, pool.first_piece_s) == (3, 0, None)
+    gate.open(0)
+    until(lambda: pool.usable_slots == 4, "the first piece never became usable")
+    assert pool.first_piece_s is not None and pool.all_pieces_s is None and pool.growing
+    gate.open(1)
+    until(lambda: pool.usable_slots == 8, "the second piece")
+    gate.open(2)
+    pool.wait_ready(30)
+    assert pool.usable_slots == 10  # the last piece holds the last 2 slots
+    assert pool.all_pieces_s is not None and pool.all_pieces_s >= pool.first_piece_s
+    assert not pool.growing
+    # First touch wrote zeros over every page: the memory is there and reads back.
+    assert int(pool.buffer.sum()) == 0
+    pool.close()
+
+
+def test_a_piece_that_fails_ends_the_growth_with_one_warning(caplog):
+    gate = Gate(fail=frozenset({1}))
+    gate.open(5)
+    with caplog.at_level(logging.WARNING, logger="kvoffload.transfer.pool"):
+        pool = CpuPool(12, 1000, piece_bytes=4 * 1000, background=True, before_piece=gate)
+        pool.wait_ready(30)
+    assert pool.usable_slots == 4 and pool.all_pieces_s is None
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    message = warning.getMessage()
+    assert "stops growing" in message and "piece 1 of 3" in message and "injected" in message
+    pool.close()
+
+
+def test_close_stops_a_growing_pool():
+    gate = Gate()
+    pool = CpuPool(8, 1000, piece_bytes=2 * 1000, background=True, before_piece=gate)
+    closer = threading.Thread(target=pool.close)
+    closer.start()
+    gate.open(0)  # the piece in progress finishes; the rest are never started
+    closer.join(30)
+    assert not closer.is_alive() and pool.usable_slots <= 2
+
+
+def test_the_engine_copies_only_to_slots_that_are_ready(monkeypatch):
+    from kvoffload.transfer import engine as engine_module
+
+    gate = Gate()
+    monkeypatch.setattr(engine_module, "CpuPool", functools.partial(CpuPool, before_piece=gate))
+    caches = {f"l{i}": torch.randn(2, 16, 4, 2, 8) for i in range(2)}
+    # pin_piece_bytes below a chunk: one slot per piece.
+    engine = TransferEngine(
+        caches, num_slots=8, blocks_per_chunk=2, pin_piece_bytes=1, pin_in_background=True
+    )
+    with pytest.raises(ValueError, match=r"reach past the 0 slots ready so far \(of 8\)"):
+        engine.submit_store(1, np.array([0, 1]), np.array([0]))
+    gate.open(1)
+    until(lambda: engine.pool.usable_slots == 2, "two pieces")
+    with pytest.raises(ValueError, match="allowed: slots below 2"):
+        engine.submit_store(2, np.array([4, 5]), np.array([2]))
+    # A ready slot works as ever: blocks 4, 5 out to slot 1 and back into blocks 6, 7.
+    engine.submit_store(3, np.array([4, 5]), np.array([1]))
+    engine.submit_load(4, np.array([1]), np.array([6, 7]))
+    assert [r.success for r in engine.get_finished()] == [True, True]
+    for t in caches.values():
+        assert torch.equal(t[:, 4:6], t[:, 6:8])
+    gate.open(10)
+    engine.pool.wait_ready(30)
+    assert engine.pool.usable_slots == 8
+    engine.close()
+
+
+def test_the_pool_binds_to_a_numa_node_before_touching_it():
+    pool = CpuPool(4, 4096, numa_node=0, background=True)
+    pool.wait_ready(30)
+    assert (pool.numa_node, pool.usable_slots) == (0, 4)
+    pool.close()
+    with pytest.raises(ValueError, match="numa_node=1000 is invalid: mbind refused it"):
+        CpuPool(4, 4096, numa_node=1000)
+    with pytest.raises(ValueError, match="numa_node=-1 is invalid"):
+        CpuPool(4, 4096, numa_node=-1)

@@ -1,0 +1,189 @@
+"""`KVOffloadConnector` with `pin_in_background` (its default): the engine serves at once while
+each worker prepares its CPU pool piece by piece, and the tier grows as pieces become ready, on
+vLLM's real scheduler through the rig. Each piece waits on a gate the test opens (the injected
+slow start-up); 64 slots in pieces of 16."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import pytest
+from rig import make_rig, prompt
+from vllm.v1.outputs import KVConnectorOutput
+
+from kvoffload import ConfigError
+from kvoffload.transfer import CpuPool
+from kvoffload.transfer import engine as engine_module
+from kvoffload.vllm.metadata import KVOffloadWorkerMetadata
+from kvoffload.vllm.stats import KVOffloadStats
+from pool_gate import Gate, until
+
+CHUNK_BYTES = 6144  # the rig's 12-token chunk: 3 blocks x 2 layers x 1 KiB
+
+
+def grown_rig(model_dir, monkeypatch, gate: Gate, **kw):
+    monkeypatch.setattr(engine_module, "CpuPool", functools.partial(CpuPool, before_piece=gate))
+    extra = {"pin_in_background": True, "pin_piece_bytes": 16 * CHUNK_BYTES}
+    return make_rig(model_dir, extra=extra, **kw)
+
+
+def serve(rig, rid: str, tokens: list[int]) -> int:
+    rig.add(rid, tokens, 2)
+    rig.run()
+    return rig.external_hits.get(rid, 0)
+
+
+def pool(rig) -> CpuPool:
+    return rig.engine().pool
+
+
+def test_the_engine_serves_before_any_piece_is_ready_then_grows_into_the_tier(
+    model_dir, monkeypatch, is_async
+):
+    gate = Gate()
+    rig = grown_rig(model_dir, monkeypatch, gate, is_async=is_async)
+    store = rig.cpu_store()
+    assert (store.usable_slots, pool(rig).usable_slots) == (0, 0)
+    # Nothing is ready: requests are served from the GPU alone, nothing is stored or loaded.
+    assert serve(rig, "a", prompt(7, 48)) == 0
+    rig.reset_gpu_prefix_cache()
+    assert serve(rig, "b", prompt(7, 48)) == 0
+    assert rig.stores == [] and rig.loads == [] and store.stats().used_slots == 0
+    assert rig.outputs["a"] and rig.outputs["b"]
+    # The first piece: 16 slots, once the scheduler hears of it through a step's results.
+    gate.open(0)
+    until(lambda: pool(rig).usable_slots == 16, "the first piece never became ready")
+    serve(rig, "c", prompt(8, 48))  # the step reports it; c's own chunks are stored
+    assert store.usable_slots == 16
+    rig.reset_gpu_prefix_cache()
+    assert serve(rig, "d", prompt(8, 60)) == 48  # loaded from the tier, every byte checked
+    assert rig.checked_positions["d"] >= 59
+    assert all(s < 16 for s in store_slots(rig))
+    gate.open(3)
+    pool(rig).wait_ready(30)
+    serve(rig, "e", prompt(9, 12))
+    assert store.usable_slots == 64
+
+
+def store_slots(rig) -> list[int]:
+    return [int(s) for meta in rig.metas for job in meta.stores for s in job.slots]
+
+
+def test_slots_of_pieces_not_ready_are_never_handed_out(model_dir, monkeypatch):
+    gate = Gate()
+    gate.open(0)
+    rig = grown_rig(model_dir, monkeypatch, gate)
+    until(lambda: pool(rig).usable_slots == 16, "the first piece")
+    for i in range(8):  # 8 prompts of 4 chunks: 32 chunks through a 16-slot tier
+        serve(rig, f"r{i}", prompt(20 + i, 48))
+    assert rig.cpu_store().stats().evictions >= 16
+    assert max(store_slots(rig)) == 15
+    rig.cpu_store().check_invariants()
+
+
+def test_a_piece_that_fails_leaves_a_smaller_working_tier(model_dir, monkeypatch, caplog):
+    gate = Gate(fail=frozenset({2}))
+    gate.open(10)
+    with caplog.at_level(logging.WARNING, logger="kvoffload"):
+        rig = grown_rig(model_dir, monkeypatch, gate)
+        pool(rig).wait_ready(30)
+    assert pool(rig).usable_slots == 32
+    warnings = [r.getMessage() for r in caplog.records if "stops growing" in r.getMessage()]
+    assert len(warnings) == 1 and "piece 2 of 4" in warnings[0]
+    serve(rig, "a", prompt(3, 48))
+    rig.reset_gpu_prefix_cache()
+    assert serve(rig, "b", prompt(3, 60)) == 48
+    assert rig.cpu_store().usable_slots == 32
+
+
+def test_a_slot_counts_only_once_every_worker_has_it(model_dir):
+    """Two workers (TP 2), one slower: the scheduler uses what both have."""
+    rig = make_rig(model_dir, extra={"pin_in_background": True})
+    side = rig.connector._sched()
+    side.settings = type(side.settings)(**{**side.settings.__dict__, "world_size": 2})
+    store = side.scheduler.store
+
+    def report(usable: dict[int, int] | KVOffloadWorkerMetadata) -> None:
+        meta = usable if isinstance(usable, KVOffloadWorkerMetadata) else None
+        meta = meta or KVOffloadWorkerMetadata(usable_slots=usable)
+        side.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=meta))
+
+    assert store.usable_slots == 0
+    report({0: 48})  # rank 0 has 48 slots ready; rank 1 has not reported yet
+    assert store.usable_slots == 0
+    report({1: 16})
+    assert store.usable_slots == 16
+    both = KVOffloadWorkerMetadata(usable_slots={0: 64}).aggregate(
+        KVOffloadWorkerMetadata(usable_slots={1: 32})
+    )
+    assert both.usable_slots == {0: 64, 1: 32}
+    report(both)
+    assert store.usable_slots == 32
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"pin_in_background": "yes"}, "pin_in_background='yes'"),
+        ({"pin_piece_bytes": 0}, "pin_piece_bytes=0"),
+        ({"pin_piece_bytes": 1.5}, "pin_piece_bytes=1.5"),
+        ({"pin_piece_bytes": 1 << 40}, "pin_piece_bytes=1099511627776"),
+    ],
+)
+def test_bad_pinning_options_stop_start_up_naming_the_key(model_dir, extra, match):
+    with pytest.raises(ConfigError, match=match):
+        make_rig(model_dir, extra=extra)
+
+
+def test_numa_node_on_a_single_node_machine_is_accepted_and_logged(model_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="kvoffload"):
+        rig = make_rig(model_dir, extra={"pin_in_background": True, "numa_node": 0})
+    assert "NUMA binding: 0 (configured)" in caplog.text
+    assert pool(rig).numa_node == 0
+    pool(rig).wait_ready(30)
+    serve(rig, "a", prompt(3, 48))
+    rig.reset_gpu_prefix_cache()
+    assert serve(rig, "b", prompt(3, 60)) == 48
+
+
+def test_numa_node_auto_in_cpu_mode_binds_nothing_and_says_why(model_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="kvoffload"):
+        rig = make_rig(model_dir, extra={"pin_in_background": True})
+    assert "NUMA binding: None (none: the GPU's node is not known)" in caplog.text
+    assert pool(rig).numa_node is None
+
+
+@pytest.mark.parametrize(
+    ("numa_node", "match", "error"),
+    [
+        ("yes", "numa_node='yes'", ConfigError),
+        (-1, "numa_node=-1", ConfigError),
+        (1000, "numa_node=1000 is invalid: this machine has no such node", ConfigError),
+    ],
+)
+def test_a_bad_numa_node_stops_start_up_naming_it(model_dir, numa_node, match, error):
+    with pytest.raises(error, match=match):
+        make_rig(model_dir, extra={"numa_node": numa_node})
+
+
+def test_the_usable_tier_is_a_gauge_that_grows(model_dir, monkeypatch):
+    gate = Gate()
+    rig = grown_rig(model_dir, monkeypatch, gate)
+    side = rig.connector._sched()
+    assert side.get_stats() is None  # nothing usable, nothing happened yet
+    inner, seen = side.get_stats, []
+    side.get_stats = lambda: seen.append(out := inner()) or out  # what vLLM's logger receives
+    gate.open(1)
+    until(lambda: pool(rig).usable_slots == 32, "two pieces")
+    serve(rig, "a", prompt(3, 12))
+    (stats,) = [s for s in seen if s is not None and "cpu_tier_usable_bytes" in s.data]
+    assert stats.data["cpu_tier_usable_bytes"] == 32 * CHUNK_BYTES
+    assert stats.data["cpu_tier_ready_ratio"] == 0.5
+    # Gauges are not summed when vLLM folds intervals together.
+    earlier = KVOffloadStats(data={"cpu_tier_usable_bytes": 16 * CHUNK_BYTES, "lookups": 1})
+    folded = earlier.aggregate(stats).data
+    assert folded["cpu_tier_usable_bytes"] == 32 * CHUNK_BYTES
+    assert folded["lookups"] == 1 + stats.data["lookups"]
+    gate.open(3)
+    pool(rig).wait_ready(30)
