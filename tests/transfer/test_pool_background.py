@@ -95,3 +95,26 @@ def test_the_pool_binds_to_a_numa_node_before_touching_it():
         CpuPool(4, 4096, numa_node=1000)
     with pytest.raises(ValueError, match="numa_node=-1 is invalid"):
         CpuPool(4, 4096, numa_node=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_background_pool_is_pinned_piece_by_piece_on_cuda():
+    gate = Gate()
+    device = torch.device("cuda", 0)
+    pool = CpuPool(
+        8, 1 << 20, pin_device=device, piece_bytes=2 << 20, background=True, before_piece=gate
+    )
+    assert pool.usable_slots == 0
+    gate.open(0)
+    until(lambda: pool.usable_slots == 2, "the first piece")
+    first = pool.buffer[: 2 << 20]
+    assert first.is_pinned()
+    gpu = torch.full((2 << 20,), 7, dtype=torch.uint8, device=device)
+    first.copy_(gpu, non_blocking=True)
+    torch.cuda.synchronize()
+    assert int(first[-1]) == 7
+    gate.open(10)
+    pool.wait_ready(60)
+    assert pool.usable_slots == 8 and pool.all_pieces_s is not None
+    pool.close()
