@@ -85,10 +85,10 @@ class CpuPool:
         # Created outside inference mode whatever the caller's mode: copies use it in any mode.
         with torch.inference_mode(False):
             self.buffer: torch.Tensor = torch.frombuffer(memory, dtype=torch.uint8)
-        self.numa_node = numa_node
-        if numa_node is not None:
-            bind_to_node(self.buffer.data_ptr(), nbytes, numa_node)
         """The whole pool as flat bytes (page-aligned; includes the padding between pieces)."""
+        self.numa_node = numa_node
+        if numa_node is not None:  # before anything touches a page: they are placed at first touch
+            bind_to_node(self.buffer.data_ptr(), nbytes, numa_node)
         self.pinned = pin_device is not None
         self._pieces: list[int] = []
         """Addresses of the registered pieces (CUDA)."""
