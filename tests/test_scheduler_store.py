@@ -144,3 +144,25 @@ def test_a_request_longer_than_the_tier_keeps_its_stored_head():
     assert sched.store.stats().evictions == 0
     sched.add_request("b", 128)
     assert sched.lookup("b", 0, 128, hashes) == 64
+
+
+def test_a_growing_tier_keeps_a_long_prompts_head_as_a_full_one_does():
+    """Only 4 of 64 slots are usable yet: a 6-chunk prompt stored in two steps keeps chunks 0-3
+    (what a later request hits), not its tail."""
+    from kvoffload import CpuStore
+    from kvoffload.scheduler import OffloadConfig, OffloadScheduler, RequestUpdate
+    from sched_driver import block_hashes
+
+    config = OffloadConfig.from_dict(
+        {"tokens_per_block": 4, "blocks_per_chunk": 3, "cpu_bytes_to_use": 1 << 20}
+    )
+    sched = OffloadScheduler(config, CpuStore(64, usable_slots=4))
+    tokens = list(range(100, 172))
+    hashes = block_hashes(tokens)
+    sched.add_request("r", len(tokens))
+    sched.on_allocated("r", list(range(18)), 0)
+    for computed in (36, 72):
+        for job in sched.plan_step([RequestUpdate("r", computed, 72, (), hashes)]).store_jobs:
+            sched.complete_job(job.job_id, True)
+    keys = sched._requests["r"].keys
+    assert sched.store.lookup_prefix(keys.view(0, 6)).hits == 4

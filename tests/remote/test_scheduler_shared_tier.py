@@ -423,3 +423,13 @@ def test_chunks_held_by_their_write_are_hit_while_another_load_is_in_flight(redi
     assert sched.on_allocated("y", list(range(4)), 12) is not None  # y's load is in flight
     sched.add_request("b", len(a) + 1)
     assert sched.lookup("b", 0, len(a) + 1, block_hashes([*a, 1])) == 24  # not None
+
+
+def test_the_write_budget_follows_a_growing_tier(redis):
+    store = CpuStore(64, usable_slots=8)
+    tier = SharedTier(
+        store, RemoteLookups(remote_client(redis.url)), SchedulerStats(), world_size=1
+    )
+    assert tier.max_cascade_slots == 4  # half of what is usable, not of the 64 slots
+    store.set_usable_slots(64)
+    assert tier.max_cascade_slots == 32

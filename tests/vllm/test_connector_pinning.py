@@ -187,3 +187,35 @@ def test_the_usable_tier_is_a_gauge_that_grows(model_dir, monkeypatch):
     assert folded["lookups"] == 1 + stats.data["lookups"]
     gate.open(3)
     pool(rig).wait_ready(30)
+
+
+def test_the_gpus_node_refused_by_the_kernel_is_a_warning_not_a_stop(
+    model_dir, monkeypatch, caplog
+):
+    from kvoffload.vllm import worker_side
+
+    monkeypatch.setattr(worker_side, "gpu_numa_node", lambda device: 5)  # no such node here
+    with caplog.at_level(logging.WARNING, logger="kvoffload"):
+        rig = make_rig(model_dir, extra={"pin_in_background": True})
+    assert "not placed on the GPU's NUMA node 5" in caplog.text
+    assert pool(rig).numa_node is None
+    pool(rig).wait_ready(30)
+    serve(rig, "a", prompt(3, 48))
+    rig.reset_gpu_prefix_cache()
+    assert serve(rig, "b", prompt(3, 60)) == 48
+
+
+def test_a_configured_node_the_kernel_refuses_stops_start_up(model_dir, monkeypatch):
+    from kvoffload.transfer import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "_SYS_MBIND", {})  # as on an architecture we cannot bind
+    with pytest.raises(ConfigError, match="numa_node=0: binding memory is not supported"):
+        make_rig(model_dir, extra={"numa_node": 0})
+
+
+@pytest.mark.parametrize("value", ["none", None])
+def test_numa_node_none_binds_nothing(model_dir, value, caplog):
+    with caplog.at_level(logging.INFO, logger="kvoffload"):
+        rig = make_rig(model_dir, extra={"numa_node": value})
+    assert "NUMA binding: None (configured: none)" in caplog.text
+    assert pool(rig).numa_node is None

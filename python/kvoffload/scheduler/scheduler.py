@@ -566,7 +566,7 @@ class OffloadScheduler:
         # A request longer than the whole tier offers all its chunks: the ones stored already
         # are then protected, and a partial store keeps the head (what later requests can hit)
         # instead of evicting it for the tail; the rest is given up, not offered again.
-        first = 0 if n > self.store.num_slots else start
+        first = 0 if n > self.store.usable_slots else start
         # Built before the store changes anything, so nothing below can fail half-way.
         chunks = np.asarray(req.block_ids[first * bpc : n * bpc], dtype=np.int64).reshape(-1, bpc)
         plan = self.store.prepare_store(

@@ -70,9 +70,7 @@ class SharedTier:
         self.world_size = world_size
         self.medium = medium
         self.locality = locality
-        self.max_cascade_slots = (
-            max(1, store.num_slots // 2) if max_cascade_slots is None else max_cascade_slots
-        )
+        self._max_cascade_slots = max_cascade_slots
         self._stats = stats
         self._next_id = 0
         self._promotions: dict[int, _Job] = {}
@@ -81,6 +79,13 @@ class SharedTier:
         self._backlog: deque[bytes] = deque()
         self._new_promotions: list[RemoteJob] = []
         self._new_cascades: list[RemoteJob] = []
+
+    @property
+    def max_cascade_slots(self) -> int:
+        """Half the usable tier by default (it follows a tier that is still growing)."""
+        if self._max_cascade_slots is not None:
+            return self._max_cascade_slots
+        return max(1, self.store.usable_slots // 2)
 
     def promote(
         self, request_id: str, keys: KeyList, first: int, start: int, end: int, rank: int

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import mmap
 import os
@@ -100,8 +101,12 @@ class CpuPool:
         """Seconds from construction to the first usable piece."""
         self.all_pieces_s: float | None = None
         """Seconds to the whole pool, or `None` while growing (or if it stopped short)."""
-        # The tensor keeps the mapping alive; the finalizer keeps it until it is unregistered.
-        self._finalizer = weakref.finalize(self, _unregister, memory, self._pieces)
+        # The tensor keeps the mapping alive; the finalizer keeps it until it is unregistered,
+        # and (at interpreter exit too) stops a preparation still running before it does.
+        self._threads: list[threading.Thread] = []
+        self._finalizer = weakref.finalize(
+            self, _release, memory, self._pieces, self._stop, self._threads
+        )
         if background:
             self._thread = threading.Thread(
                 target=self._prepare,
@@ -109,6 +114,7 @@ class CpuPool:
                 name="kvoffload-pool",
                 daemon=True,
             )
+            self._threads.append(self._thread)
             self._thread.start()
             return
         if pin_device is not None:
@@ -148,7 +154,7 @@ class CpuPool:
                     self._pieces.extend(
                         _register(self.buffer, [(offset, nbytes)], device, quiet=True)
                     )
-            except (KVOffloadError, OSError, RuntimeError) as exc:
+            except Exception as exc:  # whatever refused the piece, the tier keeps what it has
                 logger.warning(
                     "kvoffload: the CPU tier stops growing at %.2f of %.2f GiB: piece %d of %d "
                     "could not be prepared (%s)",
@@ -195,9 +201,6 @@ class CpuPool:
     def close(self) -> None:
         """Stops a background preparation, then unregisters the memory (also done when the pool
         is garbage-collected). Copies that use the pool must have finished."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
         self._finalizer()
 
     def __repr__(self) -> str:
@@ -207,19 +210,25 @@ class CpuPool:
         )
 
 
-# mbind(2): its syscall number per architecture, and the policy that confines pages to the mask.
+# mbind(2): its syscall number per architecture, and the policy that places pages on the node
+# while it has room (MPOL_BIND would OOM-kill the worker when the node fills up instead).
 _SYS_MBIND = {"x86_64": 237, "aarch64": 235}
-_MPOL_BIND = 2
+_MPOL_PREFERRED = 1
+
+
+class NumaBindError(ValueError):
+    """`numa_node` could not be applied to the pool's memory."""
 
 
 def bind_to_node(address: int, nbytes: int, node: int) -> None:
-    """Binds `nbytes` of memory at `address` (page-aligned, not touched yet) to NUMA `node`, or
-    raises `ValueError` naming `numa_node` when the kernel refuses (no such node)."""
+    """Places `nbytes` of memory at `address` (page-aligned, not touched yet) on NUMA `node`
+    while it has room (MPOL_PREFERRED), or raises `NumaBindError` naming `numa_node` when the kernel
+    refuses (no such node, or the call is not permitted, as under Docker's default seccomp)."""
     if type(node) is not int or not 0 <= node < 1024:
-        raise ValueError(f"numa_node={node!r} is invalid; allowed: an int in 0..1023")
+        raise NumaBindError(f"numa_node={node!r} is invalid; allowed: an int in 0..1023")
     number = _SYS_MBIND.get(os.uname().machine)
     if number is None:
-        raise ValueError(
+        raise NumaBindError(
             f"numa_node={node}: binding memory is not supported on {os.uname().machine}"
         )
     words = node // 64 + 1
@@ -231,14 +240,18 @@ def bind_to_node(address: int, nbytes: int, node: int) -> None:
         number,
         ctypes.c_void_p(address),
         ctypes.c_ulong(nbytes),
-        _MPOL_BIND,
+        _MPOL_PREFERRED,
         mask,
         ctypes.c_ulong(words * 64 + 1),
         0,
     )
     if rc != 0:
         err = ctypes.get_errno()
-        raise ValueError(
+        if err in (errno.EPERM, errno.ENOSYS):
+            raise NumaBindError(
+                f"numa_node={node}: mbind is not permitted here ({os.strerror(err)})"
+            )
+        raise NumaBindError(
             f"numa_node={node} is invalid: mbind refused it ({os.strerror(err)}); allowed: a "
             f"node of this machine (see /sys/devices/system/node)"
         )
@@ -247,8 +260,8 @@ def bind_to_node(address: int, nbytes: int, node: int) -> None:
 def _register(
     buffer: torch.Tensor, ranges: list[tuple[int, int]], device: torch.device, quiet: bool = False
 ) -> list[int]:
-    """Page-locks each range and returns their addresses. One call per piece, so the GIL (held
-    by torch's binding during the call) is released between pieces of a large pool."""
+    """Page-locks each range and returns their addresses, one driver call per piece (torch's
+    binding releases the GIL during each)."""
     cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
     total = sum(n for _, n in ranges)
     done: list[int] = []
@@ -280,6 +293,16 @@ def _register(
                     time.monotonic() - started,
                 )
     return done
+
+
+def _release(
+    memory: object, ptrs: list[int], stop: threading.Event, threads: list[threading.Thread]
+) -> None:
+    stop.set()
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join()
+    _unregister(memory, ptrs)
 
 
 def _unregister(memory: object, ptrs: list[int]) -> None:

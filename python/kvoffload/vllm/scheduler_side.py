@@ -201,7 +201,7 @@ class SchedulerSide:
         if usable > store.usable_slots:
             if store.usable_slots == 0 or usable == store.num_slots:
                 logger.info(
-                    "kvoffload: the CPU tier has %d of its %d slots in use", usable, store.num_slots
+                    "kvoffload: the CPU tier may use %d of its %d slots", usable, store.num_slots
                 )
             store.set_usable_slots(usable)
 

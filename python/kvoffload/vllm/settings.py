@@ -66,7 +66,7 @@ class ConnectorSettings:
                 "is invalid: expected true or false"
             )
         numa_node = extra.pop("numa_node", "auto")
-        if numa_node == "none":
+        if numa_node in ("none", None):
             numa_node = None
         elif numa_node != "auto" and (type(numa_node) is not int or not 0 <= numa_node < 1024):
             raise ConfigError(

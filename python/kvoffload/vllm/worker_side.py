@@ -14,6 +14,7 @@ from kvoffload.errors import ConfigError
 from kvoffload.remote import RemoteClient, ShardIO
 from kvoffload.scheduler import LoadJob, StoreJob
 from kvoffload.transfer import TransferEngine
+from kvoffload.transfer.pool import NumaBindError
 from kvoffload.vllm.metadata import KVOffloadMetadata, KVOffloadWorkerMetadata
 from kvoffload.vllm.settings import ConnectorSettings
 
@@ -91,16 +92,32 @@ class WorkerSide:
                 seen.add(tensor.data_ptr())
                 unique[name] = tensor
         first = next(iter(unique.values()))
-        try:
-            self.engine = TransferEngine(
+        node, auto = self._numa_node(first.device)
+
+        def engine(numa_node: int | None) -> TransferEngine:
+            return TransferEngine(
                 unique,
                 num_slots=self.settings.num_slots,
                 blocks_per_chunk=self.settings.config.blocks_per_chunk,
                 block_dim=block_dim_of(first, num_blocks),
                 pin_piece_bytes=self.settings.pin_piece_bytes,
                 pin_in_background=self.settings.pin_in_background,
-                numa_node=self._numa_node(first.device),
+                numa_node=numa_node,
             )
+
+        try:
+            try:
+                self.engine = engine(node)
+            except NumaBindError as exc:
+                if not auto:
+                    raise ConfigError(str(exc)) from exc
+                # The GPU's node was only a preference: a pool placed anywhere still serves.
+                logger.warning(
+                    "kvoffload: the CPU pool is not placed on the GPU's NUMA node %s (%s)",
+                    node,
+                    exc,
+                )
+                self.engine = engine(None)
         except (RuntimeError, MemoryError) as exc:
             raise ConfigError(
                 f"cpu_bytes_to_use={self.settings.config.cpu_bytes_to_use}: this worker could not "
@@ -119,12 +136,15 @@ class WorkerSide:
         if self.settings.remote is not None:
             self.remote = self._connect(self.engine)
 
-    def _numa_node(self, device: torch.device) -> int | None:
-        """The node to bind the pool to: the configured one, or the GPU's ("auto")."""
+    def _numa_node(self, device: torch.device) -> tuple[int | None, bool]:
+        """The node to place the pool on, and whether it is only the GPU's ("auto")."""
         node = self.settings.numa_node
-        if node == "auto":
+        auto = node == "auto"
+        if auto:
             node = gpu_numa_node(device)
             how = "the GPU's node" if node is not None else "none: the GPU's node is not known"
+        elif node is None:
+            how = "configured: none"
         else:
             how = "configured"
             if not os.path.isdir(f"/sys/devices/system/node/node{node}"):
@@ -134,7 +154,7 @@ class WorkerSide:
                 )
         logger.info("kvoffload: CPU pool NUMA binding: %s (%s)", node, how)
         assert node is None or isinstance(node, int)
-        return node
+        return node, auto
 
     def _connect(self, engine: TransferEngine) -> ShardIO:
         """This worker's shard of every chunk in the shared tier, under its rank's digest."""
@@ -214,7 +234,9 @@ class WorkerSide:
 
     def take_worker_meta(self) -> KVOffloadWorkerMetadata | None:
         usable = {} if self.engine is None else {self.rank: self.engine.pool.usable_slots}
-        grew = usable.get(self.rank, -1) != self._reported_usable
+        # Every step while the pool grows (a report is never resent otherwise), then once more.
+        growing = self.engine is not None and self.engine.pool.growing
+        grew = growing or usable.get(self.rank, -1) != self._reported_usable
         if not (self._results or self._promoted or self._cascaded or grew):
             return None
         if grew:
