@@ -118,3 +118,24 @@ def test_a_background_pool_is_pinned_piece_by_piece_on_cuda():
     pool.wait_ready(60)
     assert pool.usable_slots == 8 and pool.all_pieces_s is not None
     pool.close()
+
+
+def test_pool_progress_is_shared_by_name_and_counts_what_every_rank_has():
+    from kvoffload.transfer.progress import PoolProgress
+
+    workers = [PoolProgress("engine/x y", 2) for _ in range(2)]
+    manager = PoolProgress("engine/x y", 2)
+    assert manager.usable() == 0 and "/" not in manager.path.rsplit("kvoffload-", 1)[1]
+    workers[0].publish(0, 48)
+    assert manager.usable() == 0  # rank 1 has nothing yet
+    workers[1].publish(1, 16)
+    assert manager.usable() == 16
+    workers[1].publish(1, 64)
+    assert manager.usable() == 48
+    other = PoolProgress("another-engine", 2)
+    assert other.usable() == 0  # engines never see each other's files
+    for p in (*workers, other):
+        p.close(unlink=True)
+    manager.close()
+    with pytest.raises(ValueError, match="world_size=0"):
+        PoolProgress("x", 0)

@@ -385,7 +385,7 @@ def make_rig(
         "cpu_bytes_to_use": cpu_chunks * chunk_bytes,
         "block_size": chunk_tokens,
     }
-    if connector == "kvoffload":
+    if connector in ("kvoffload", "spec"):
         # Pinned before the first step, as vLLM's own pool is: the tests of the steady state
         # compare exact steps (test_connector_pinning.py runs the growing tier).
         extra_config["pin_in_background"] = False

@@ -192,9 +192,9 @@ def test_the_usable_tier_is_a_gauge_that_grows(model_dir, monkeypatch):
 def test_the_gpus_node_refused_by_the_kernel_is_a_warning_not_a_stop(
     model_dir, monkeypatch, caplog
 ):
-    from kvoffload.vllm import worker_side
+    from kvoffload.vllm import pinning
 
-    monkeypatch.setattr(worker_side, "gpu_numa_node", lambda device: 5)  # no such node here
+    monkeypatch.setattr(pinning, "gpu_numa_node", lambda device: 5)  # no such node here
     with caplog.at_level(logging.WARNING, logger="kvoffload"):
         rig = make_rig(model_dir, extra={"pin_in_background": True})
     assert "not placed on the GPU's NUMA node 5" in caplog.text
@@ -219,3 +219,25 @@ def test_numa_node_none_binds_nothing(model_dir, value, caplog):
         rig = make_rig(model_dir, extra={"numa_node": value})
     assert "NUMA binding: None (configured: none)" in caplog.text
     assert pool(rig).numa_node is None
+
+
+def test_kvoffload_spec_inside_vllms_connector_grows_too(model_dir, monkeypatch):
+    """`KVOffloadSpec`: vLLM's manager interface answers "cannot store now" for slots not ready;
+    the workers publish their progress through a shared file the manager reads."""
+    gate = Gate()
+    rig = grown_rig(model_dir, monkeypatch, gate, connector="spec")
+    manager = rig.connector.connector_scheduler.manager
+    try:
+        assert manager.store.usable_slots == 0
+        assert serve(rig, "a", prompt(7, 48)) == 0
+        assert rig.stores == [] and manager.store.stats().used_slots == 0
+        gate.open(0)
+        until(lambda: pool(rig).usable_slots == 16, "the first piece")
+        serve(rig, "c", prompt(8, 48))
+        assert manager.store.usable_slots == 16
+        rig.reset_gpu_prefix_cache()
+        assert serve(rig, "d", prompt(8, 60)) == 48  # loaded, every byte checked
+        assert rig.checked_positions["d"] >= 59
+    finally:
+        gate.open(10)
+        rig.worker.connector_worker.worker.shutdown()  # rank 0 removes the shared file

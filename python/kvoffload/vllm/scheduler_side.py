@@ -56,7 +56,7 @@ class SchedulerSide:
         self.scheduler = OffloadScheduler.create(
             settings.config,
             settings.bytes_per_chunk,
-            usable_slots=0 if settings.pin_in_background else None,
+            usable_slots=0 if settings.pinning.in_background else None,
             enable_events=settings.enable_events,
             remote=lookups,
             world_size=settings.world_size,

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvoffload.errors import ConfigError, NotSupportedError
 from kvoffload.remote import RemoteTierConfig, TierIdentity
 from kvoffload.scheduler import OffloadConfig
-from kvoffload.transfer.pool import MAX_PIECE_BYTES
+from kvoffload.vllm.pinning import Pinning
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -32,12 +32,8 @@ class ConnectorSettings:
     remote_locality: str = "REMOTE"
     remote_identity: TierIdentity | None = None
     """Rank 0's identity; each worker's shard is keyed under its own rank's digest."""
-    pin_in_background: bool = True
-    """Serve at once and grow the CPU tier as its pool is pinned, piece by piece."""
-    pin_piece_bytes: int = 1 << 30
-    numa_node: int | str | None = "auto"
-    """The NUMA node the pool is bound to; "auto": the GPU's (when sysfs tells it); None: no
-    binding."""
+    pinning: Pinning = field(default_factory=Pinning)
+    """How each worker prepares its CPU pool (`pin_in_background` and its companions)."""
 
     @property
     def bytes_per_chunk(self) -> int:
@@ -59,26 +55,7 @@ class ConnectorSettings:
         spec = groups[0].kv_cache_spec
         extra = dict(transfer.kv_connector_extra_config or {})
         tier = _secondary_tier(extra.pop("secondary_tiers", None))
-        pin_in_background = extra.pop("pin_in_background", True)
-        if type(pin_in_background) is not bool:
-            raise ConfigError(
-                f"pin_in_background={pin_in_background!r} ({type(pin_in_background).__name__}) "
-                "is invalid: expected true or false"
-            )
-        numa_node = extra.pop("numa_node", "auto")
-        if numa_node in ("none", None):
-            numa_node = None
-        elif numa_node != "auto" and (type(numa_node) is not int or not 0 <= numa_node < 1024):
-            raise ConfigError(
-                f"numa_node={numa_node!r} ({type(numa_node).__name__}) is invalid: expected an "
-                'int in 0..1023, "auto" (the GPU\'s node) or "none"'
-            )
-        pin_piece_bytes = extra.pop("pin_piece_bytes", 1 << 30)
-        if type(pin_piece_bytes) is not int or not 0 < pin_piece_bytes <= MAX_PIECE_BYTES:
-            raise ConfigError(
-                f"pin_piece_bytes={pin_piece_bytes!r} ({type(pin_piece_bytes).__name__}) is "
-                f"invalid: expected an int in 1..{MAX_PIECE_BYTES}"
-            )
+        pinning = Pinning.from_extra(extra)
         if "tokens_per_block" in extra:
             raise ConfigError(
                 "tokens_per_block comes from vLLM's --block-size; remove it from "
@@ -130,9 +107,7 @@ class ConnectorSettings:
             remote=None if tier is None else tier[0],
             remote_locality="REMOTE" if tier is None else tier[1],
             remote_identity=identity,
-            pin_in_background=pin_in_background,
-            pin_piece_bytes=pin_piece_bytes,
-            numa_node=numa_node,
+            pinning=pinning,
         )
 
     def shard_digest(self, rank: int) -> bytes:

@@ -23,6 +23,8 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from kvoffload.errors import ConfigError, NotSupportedError
 from kvoffload.scheduler import OffloadConfig
+from kvoffload.transfer.progress import PoolProgress
+from kvoffload.vllm.pinning import Pinning
 from kvoffload.vllm.spec_manager import KVOffloadManager
 from kvoffload.vllm.spec_worker import KVOffloadWorker
 
@@ -79,6 +81,7 @@ class KVOffloadSpec(OffloadingSpec):
                 " tokens)"
             )
         _check_unsupported(extra, config)
+        self.pinning = Pinning.from_extra(extra)
         unknown = sorted(set(extra) - set(_OURS) - _VLLM)
         if unknown:
             logger.warning(
@@ -103,6 +106,14 @@ class KVOffloadSpec(OffloadingSpec):
         self.num_chunks = self.settings.num_slots(self.bytes_per_chunk)
         self._manager: KVOffloadManager | None = None
         self._worker: KVOffloadWorker | None = None
+        parallel = config.parallel
+        # One file per engine (and data-parallel replica): its workers write, its manager reads.
+        self._progress_name = f"{config.engine_id}-dp{parallel.data_parallel_index}"
+
+    def _progress(self) -> PoolProgress | None:
+        if not self.pinning.in_background:
+            return None
+        return PoolProgress(self._progress_name, self.config.parallel.world_size)
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
@@ -113,6 +124,7 @@ class KVOffloadSpec(OffloadingSpec):
                 enable_events=self.kv_events_config.enable_kv_cache_events,
                 num_kv_groups=len(self.config.groups),
                 config_info=info.as_config_info(),
+                progress=self._progress(),
             )
         return self._manager
 
@@ -123,6 +135,9 @@ class KVOffloadSpec(OffloadingSpec):
                 num_slots=self.num_chunks,
                 blocks_per_chunk=self.blocks_per_chunk,
                 cpu_bytes_to_use=self.settings.cpu_bytes_to_use,
+                pinning=self.pinning,
+                progress=self._progress(),
+                rank=self.config.parallel.rank,
             )
         return self._worker
 

@@ -33,6 +33,7 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvoffload.store import CpuStore
+from kvoffload.transfer.progress import PoolProgress
 
 
 @dataclass(slots=True)
@@ -70,10 +71,14 @@ class KVOffloadManager(OffloadingManager):
         enable_events: bool = False,
         num_kv_groups: int = 1,
         config_info: ConfigInfoMapping | None = None,
+        progress: PoolProgress | None = None,
     ) -> None:
+        """With `progress`, the workers prepare their pools in the background: the tier starts
+        empty ("cannot store now") and grows to what every worker has ready."""
         self._num_chunks = num_chunks
         self._policy = eviction_policy
-        self._store = CpuStore(num_chunks, eviction_policy)
+        self._progress = progress
+        self._store = CpuStore(num_chunks, eviction_policy, usable_slots=self._usable())
         self._arc = eviction_policy == "arc"
         # Mirrors of the store's key states, for vLLM's per-key lookups (see the class doc).
         self._resident: set[bytes] = set()
@@ -162,9 +167,20 @@ class KVOffloadManager(OffloadingManager):
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self._store.complete_load(list(keys))
 
+    def _usable(self) -> int | None:
+        return None if self._progress is None else self._progress.usable()
+
+    def _grow(self) -> None:
+        store = self._store
+        if self._progress is not None and store.usable_slots < store.num_slots:
+            usable = self._progress.usable()
+            if usable > store.usable_slots:
+                store.set_usable_slots(usable)
+
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
+        self._grow()
         keys = list(keys)
         state = self._access(req_context)
         resident, pending, seen = self._resident, self._pending, state.seen
@@ -262,7 +278,7 @@ class KVOffloadManager(OffloadingManager):
     def reset_cache(self) -> None:
         # vLLM's connector never completes a job from before the reset, and fences the reuse of
         # their slots itself: a new store forgets them all, slots restart at 0.
-        self._store = CpuStore(self._num_chunks, self._policy)
+        self._store = CpuStore(self._num_chunks, self._policy, usable_slots=self._usable())
         self._resident.clear()
         self._pending.clear()
         self._generation += 1

@@ -14,6 +14,8 @@ from vllm.v1.kv_offload.base import (
 
 from kvoffload.errors import ConfigError, NotSupportedError
 from kvoffload.transfer import TransferEngine
+from kvoffload.transfer.progress import PoolProgress
+from kvoffload.vllm.pinning import Pinning
 
 
 class KVOffloadWorker(OffloadingWorker):
@@ -32,7 +34,12 @@ class KVOffloadWorker(OffloadingWorker):
         num_slots: int,
         blocks_per_chunk: int,
         cpu_bytes_to_use: int,
+        pinning: Pinning | None = None,
+        progress: PoolProgress | None = None,
+        rank: int = 0,
     ) -> None:
+        """With `progress`, the pool is prepared as `pinning` says and this worker (`rank`)
+        publishes how much of it is ready, for the manager in the scheduler's process."""
         if len(kv_caches.group_data_refs) != 1:
             raise NotSupportedError(
                 f"KVOffloadSpec copies one KV-cache group; this model has "
@@ -41,18 +48,31 @@ class KVOffloadWorker(OffloadingWorker):
         used = sorted({ref.tensor_idx for ref in kv_caches.group_data_refs[0]})
         tensors = [kv_caches.tensors[i].tensor for i in used]
         self.blocks_per_chunk = blocks_per_chunk
+        pinning = pinning or Pinning(in_background=False)
         try:
-            self.engine = TransferEngine(
-                tensors,
-                num_slots=num_slots,
-                blocks_per_chunk=blocks_per_chunk,
-                block_dim=0,
+            self.engine = pinning.engine(
+                tensors[0].device,
+                lambda **pool: TransferEngine(
+                    tensors,
+                    num_slots=num_slots,
+                    blocks_per_chunk=blocks_per_chunk,
+                    block_dim=0,
+                    **pool,
+                ),
             )
         except (RuntimeError, MemoryError) as exc:
             raise ConfigError(
                 f"cpu_bytes_to_use={cpu_bytes_to_use}: this worker could not allocate its CPU "
                 f"pool of {num_slots} chunks ({exc})"
             ) from exc
+
+        self._progress = progress
+        self._rank = rank
+        self._publish()
+
+    def _publish(self) -> None:
+        if self._progress is not None:
+            self._progress.publish(self._rank, self.engine.pool.usable_slots)
 
     def _placement(self, gpu: GPULoadStoreSpec) -> int:
         """Blocks to skip in the job's first chunk."""
@@ -82,6 +102,7 @@ class KVOffloadWorker(OffloadingWorker):
         return True
 
     def get_finished(self) -> list[TransferResult]:
+        self._publish()  # called every step: the manager sees the pool grow within a step
         return [
             TransferResult(r.job_id, r.success, r.num_bytes, r.seconds)
             for r in self.engine.get_finished()
@@ -93,6 +114,8 @@ class KVOffloadWorker(OffloadingWorker):
 
     def shutdown(self) -> None:
         self.engine.close()
+        if self._progress is not None:
+            self._progress.close(unlink=self._rank == 0)
 
 
 def _slots(spec: LoadStoreSpec) -> Any:

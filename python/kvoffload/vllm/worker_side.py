@@ -4,8 +4,6 @@ vLLM registers; results go back through the worker metadata and vLLM's finished 
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any
 
 import numpy as np
 import torch
@@ -14,7 +12,6 @@ from kvoffload.errors import ConfigError
 from kvoffload.remote import RemoteClient, ShardIO
 from kvoffload.scheduler import LoadJob, StoreJob
 from kvoffload.transfer import TransferEngine
-from kvoffload.transfer.pool import NumaBindError
 from kvoffload.vllm.metadata import KVOffloadMetadata, KVOffloadWorkerMetadata
 from kvoffload.vllm.settings import ConnectorSettings
 
@@ -50,21 +47,6 @@ def worker_rank() -> int:
     return (pp_rank * pcp_size + pcp_rank) * tp + ps.get_tensor_model_parallel_rank()
 
 
-def gpu_numa_node(device: torch.device) -> int | None:
-    """The NUMA node of a CUDA device as sysfs tells it, or None (CPU mode, no sysfs entry, or
-    -1: a machine without NUMA)."""
-    if device.type != "cuda":
-        return None
-    props: Any = torch.cuda.get_device_properties(device)  # its stub lacks the PCI fields
-    bus = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-    try:
-        with open(f"/sys/bus/pci/devices/{bus}/numa_node") as f:
-            node = int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-    return node if node >= 0 else None
-
-
 class WorkerSide:
     def __init__(self, settings: ConnectorSettings) -> None:
         self.settings = settings
@@ -92,32 +74,17 @@ class WorkerSide:
                 seen.add(tensor.data_ptr())
                 unique[name] = tensor
         first = next(iter(unique.values()))
-        node, auto = self._numa_node(first.device)
-
-        def engine(numa_node: int | None) -> TransferEngine:
-            return TransferEngine(
-                unique,
-                num_slots=self.settings.num_slots,
-                blocks_per_chunk=self.settings.config.blocks_per_chunk,
-                block_dim=block_dim_of(first, num_blocks),
-                pin_piece_bytes=self.settings.pin_piece_bytes,
-                pin_in_background=self.settings.pin_in_background,
-                numa_node=numa_node,
-            )
-
         try:
-            try:
-                self.engine = engine(node)
-            except NumaBindError as exc:
-                if not auto:
-                    raise ConfigError(str(exc)) from exc
-                # The GPU's node was only a preference: a pool placed anywhere still serves.
-                logger.warning(
-                    "kvoffload: the CPU pool is not placed on the GPU's NUMA node %s (%s)",
-                    node,
-                    exc,
-                )
-                self.engine = engine(None)
+            self.engine = self.settings.pinning.engine(
+                first.device,
+                lambda **pool: TransferEngine(
+                    unique,
+                    num_slots=self.settings.num_slots,
+                    blocks_per_chunk=self.settings.config.blocks_per_chunk,
+                    block_dim=block_dim_of(first, num_blocks),
+                    **pool,
+                ),
+            )
         except (RuntimeError, MemoryError) as exc:
             raise ConfigError(
                 f"cpu_bytes_to_use={self.settings.config.cpu_bytes_to_use}: this worker could not "
@@ -135,26 +102,6 @@ class WorkerSide:
         self.rank = worker_rank()
         if self.settings.remote is not None:
             self.remote = self._connect(self.engine)
-
-    def _numa_node(self, device: torch.device) -> tuple[int | None, bool]:
-        """The node to place the pool on, and whether it is only the GPU's ("auto")."""
-        node = self.settings.numa_node
-        auto = node == "auto"
-        if auto:
-            node = gpu_numa_node(device)
-            how = "the GPU's node" if node is not None else "none: the GPU's node is not known"
-        elif node is None:
-            how = "configured: none"
-        else:
-            how = "configured"
-            if not os.path.isdir(f"/sys/devices/system/node/node{node}"):
-                raise ConfigError(
-                    f"numa_node={node} is invalid: this machine has no such node; allowed: one of "
-                    f'/sys/devices/system/node, "auto" (the GPU\'s node) or "none"'
-                )
-        logger.info("kvoffload: CPU pool NUMA binding: %s (%s)", node, how)
-        assert node is None or isinstance(node, int)
-        return node, auto
 
     def _connect(self, engine: TransferEngine) -> ShardIO:
         """This worker's shard of every chunk in the shared tier, under its rank's digest."""
