@@ -126,8 +126,11 @@ def test_pool_progress_is_shared_by_name_and_counts_what_every_rank_has():
     workers = [PoolProgress("engine/x y", 2) for _ in range(2)]
     manager = PoolProgress("engine/x y", 2)
     assert manager.usable() == 0 and "/" not in manager.path.rsplit("kvoffload-", 1)[1]
+    assert manager.missing_ranks() == [0, 1]
     workers[0].publish(0, 48)
-    assert manager.usable() == 0  # rank 1 has nothing yet
+    assert manager.usable() == 0 and manager.missing_ranks() == [1]  # rank 1 has nothing yet
+    workers[1].publish(1, 0)
+    assert manager.usable() == 0 and manager.missing_ranks() == []  # published, none ready
     workers[1].publish(1, 16)
     assert manager.usable() == 16
     workers[1].publish(1, 64)
@@ -137,5 +140,6 @@ def test_pool_progress_is_shared_by_name_and_counts_what_every_rank_has():
     for p in (*workers, other):
         p.close(unlink=True)
     manager.close()
+    manager.close()  # twice is harmless
     with pytest.raises(ValueError, match="world_size=0"):
         PoolProgress("x", 0)

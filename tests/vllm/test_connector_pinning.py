@@ -225,7 +225,7 @@ def test_kvoffload_spec_inside_vllms_connector_grows_too(model_dir, monkeypatch)
     """`KVOffloadSpec`: vLLM's manager interface answers "cannot store now" for slots not ready;
     the workers publish their progress through a shared file the manager reads."""
     gate = Gate()
-    rig = grown_rig(model_dir, monkeypatch, gate, connector="spec")
+    rig = grown_rig(model_dir, monkeypatch, gate, connector="spec")  # opts in (off for the spec)
     manager = rig.connector.connector_scheduler.manager
     try:
         assert manager.store.usable_slots == 0
@@ -241,3 +241,30 @@ def test_kvoffload_spec_inside_vllms_connector_grows_too(model_dir, monkeypatch)
     finally:
         gate.open(10)
         rig.worker.connector_worker.worker.shutdown()  # rank 0 removes the shared file
+
+
+def test_kvoffload_spec_says_when_it_cannot_follow_the_workers(caplog):
+    """A worker whose progress never reaches the manager's file (another host, another
+    engine_id) leaves the tier empty: one error says why and what to set."""
+    from kvoffload.transfer.progress import PoolProgress
+    from kvoffload.vllm.spec_manager import KVOffloadManager
+
+    progress = PoolProgress("spec-refusal-test", 2)
+    progress.publish(0, 16)  # rank 1 runs elsewhere
+    try:
+        manager = KVOffloadManager(64, progress=progress)
+        with caplog.at_level(logging.ERROR, logger="kvoffload"):
+            manager._grow()
+            manager._grow()
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "workers [1] report no progress" in errors[0]
+        assert manager.store.usable_slots == 0
+        progress.publish(1, 1000)  # another engine's larger pool under the same name
+        manager._grow()
+        assert manager.store.usable_slots == 16
+        progress.publish(0, 1000)
+        manager._grow()
+        assert manager.store.usable_slots == 64  # capped at the tier's own size
+        manager.shutdown()
+    finally:
+        progress.close(unlink=True)

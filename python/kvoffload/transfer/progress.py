@@ -36,14 +36,21 @@ class PoolProgress:
         self._slots = np.frombuffer(self._map, dtype=np.int64, count=world_size)
 
     def publish(self, rank: int, usable: int) -> None:
-        """This worker's usable slots (an aligned 8-byte store: readers see the old or the new)."""
-        self._slots[rank] = usable
+        """This worker's usable slots (an aligned 8-byte store: readers see the old or the new).
+        Stored plus one, so that 0 stays "this rank never published"."""
+        self._slots[rank] = usable + 1
 
     def usable(self) -> int:
-        """The slots every worker has ready."""
-        return int(self._slots.min())
+        """The slots every worker has ready (0 while some rank has not published)."""
+        return max(0, int(self._slots.min()) - 1)
+
+    def missing_ranks(self) -> list[int]:
+        """Ranks that never published: workers on another host, or not started."""
+        return [int(r) for r in np.flatnonzero(self._slots == 0)]
 
     def close(self, *, unlink: bool = False) -> None:
+        if self._map.closed:
+            return
         del self._slots
         self._map.close()
         if unlink:

@@ -29,9 +29,9 @@ class Pinning:
     """The node the pool is placed on; "auto": the GPU's (when sysfs tells it); None: any."""
 
     @classmethod
-    def from_extra(cls, extra: dict[str, Any]) -> Pinning:
+    def from_extra(cls, extra: dict[str, Any], *, background_default: bool = True) -> Pinning:
         """Takes the options out of `kv_connector_extra_config` (a copy), each checked."""
-        in_background = extra.pop("pin_in_background", True)
+        in_background = extra.pop("pin_in_background", background_default)
         if type(in_background) is not bool:
             raise ConfigError(
                 f"pin_in_background={in_background!r} ({type(in_background).__name__}) is "

@@ -81,7 +81,10 @@ class KVOffloadSpec(OffloadingSpec):
                 " tokens)"
             )
         _check_unsupported(extra, config)
-        self.pinning = Pinning.from_extra(extra)
+        # Off by default here: the workers' progress reaches the manager through a file on this
+        # host, so every worker must run beside the scheduler (no multi-node, no
+        # external_launcher) under an engine_id of its own.
+        self.pinning = Pinning.from_extra(extra, background_default=False)
         unknown = sorted(set(extra) - set(_OURS) - _VLLM)
         if unknown:
             logger.warning(

@@ -7,6 +7,7 @@ does for its heap, ref counts and policy is one Rust call per batch here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
@@ -34,6 +35,8 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvoffload.store import CpuStore
 from kvoffload.transfer.progress import PoolProgress
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -78,6 +81,7 @@ class KVOffloadManager(OffloadingManager):
         self._num_chunks = num_chunks
         self._policy = eviction_policy
         self._progress = progress
+        self._said_missing = False
         self._store = CpuStore(num_chunks, eviction_policy, usable_slots=self._usable())
         self._arc = eviction_policy == "arc"
         # Mirrors of the store's key states, for vLLM's per-key lookups (see the class doc).
@@ -168,12 +172,26 @@ class KVOffloadManager(OffloadingManager):
         self._store.complete_load(list(keys))
 
     def _usable(self) -> int | None:
-        return None if self._progress is None else self._progress.usable()
+        # Capped: a file another engine wrote (a reused engine_id) must not pass the tier.
+        return None if self._progress is None else min(self._progress.usable(), self._num_chunks)
 
     def _grow(self) -> None:
         store = self._store
         if self._progress is not None and store.usable_slots < store.num_slots:
-            usable = self._progress.usable()
+            # Every worker publishes when it registers its KV caches, before the first step: a
+            # rank still missing then writes another file (another host, another engine_id).
+            missing = self._progress.missing_ranks()
+            if missing and not self._said_missing:
+                self._said_missing = True
+                logger.error(
+                    "kvoffload: pin_in_background=true, but workers %s report no progress to "
+                    "%s: the CPU tier stays empty. KVOffloadSpec needs every worker on the "
+                    "scheduler's host under the engine's own engine_id; set pin_in_background "
+                    "to false (the pool is then pinned before the first step)",
+                    missing,
+                    self._progress.path,
+                )
+            usable = min(self._progress.usable(), store.num_slots)
             if usable > store.usable_slots:
                 store.set_usable_slots(usable)
 
@@ -295,6 +313,10 @@ class KVOffloadManager(OffloadingManager):
                     continue
                 event = OffloadingEvent(keys, event.medium, True, metadata_only=True)
             yield event
+
+    def shutdown(self) -> None:
+        if self._progress is not None:
+            self._progress.close(unlink=True)  # whoever stops last leaves nothing in /dev/shm
 
     def get_stats(self) -> OffloadingConnectorStats:
         stats = OffloadingConnectorStats()
