@@ -130,3 +130,11 @@ def test_prometheus_counters(model_dir):
     prom.observe({"cpu_tier_usable_bytes": 4 << 20, "cpu_tier_ready_ratio": 1.0})
     assert _Counter.made["vllm:kvoffload_cpu_tier_usable_bytes"].values == {("tiny", "0"): 4 << 20}
     assert _Counter.made["vllm:kvoffload_cpu_tier_ready_ratio"].values == {("tiny", "0"): 1.0}
+
+
+def test_worker_reports_of_the_shared_tier_aggregate_per_key_and_by_sum():
+    one = KVOffloadWorkerMetadata(promoted={7: (1, bytes([1, 0, 1]))}, cascaded={3: (1, 4, 0)})
+    other = KVOffloadWorkerMetadata(promoted={7: (1, bytes([1, 1, 0]))}, cascaded={3: (1, 2, 2)})
+    both = one.aggregate(other)
+    assert both.promoted == {7: (2, bytes([1, 0, 0]))}  # filled only where both filled it
+    assert both.cascaded == {3: (2, 6, 2)}

@@ -16,6 +16,8 @@ import numpy.typing as npt
 from kvoffload.remote.client import EXISTS, OK, RemoteClient
 
 IntArray = npt.NDArray[np.int64]
+_WRITTEN = np.array([OK, EXISTS], dtype=np.uint8)
+"""Statuses of a shard that is in the tier after a write (ours, or another writer's first)."""
 
 
 class ShardIO:
@@ -59,15 +61,15 @@ class ShardIO:
         """Promotions ended since the last call (`job_id -> 1 or 0 per key: filled`) and
         cascades (`job_id -> (shards written or already there, not written)`)."""
         for rust_job, statuses in self.client.poll():
+            status = np.frombuffer(statuses, dtype=np.uint8)
             if rust_job in self._promotions:
-                self._done_promotions[self._promotions.pop(rust_job)] = bytes(
-                    int(s == OK) for s in statuses
-                )
+                filled = (status == OK).astype(np.uint8).tobytes()
+                self._done_promotions[self._promotions.pop(rust_job)] = filled
             else:
-                written = sum(s in (OK, EXISTS) for s in statuses)
+                written = int(np.isin(status, _WRITTEN).sum())
                 self._done_cascades[self._cascades.pop(rust_job)] = (
                     written,
-                    len(statuses) - written,
+                    len(status) - written,
                 )
         promotions, self._done_promotions = self._done_promotions, {}
         cascades, self._done_cascades = self._done_cascades, {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorWorkerMetadata,
@@ -56,7 +57,9 @@ class KVOffloadWorkerMetadata(KVConnectorWorkerMetadata):
             if job_id in promoted:
                 seen, mine = promoted[job_id]
                 workers += seen
-                filled = bytes(min(a, b) for a, b in zip(mine, filled, strict=True))
+                # A key counts as filled only if every report filled it: the bytes' minimum.
+                both = np.minimum(np.frombuffer(mine, np.uint8), np.frombuffer(filled, np.uint8))
+                filled = both.tobytes()
             promoted[job_id] = (workers, filled)
         cascaded = dict(self.cascaded)
         for job_id, (workers, written, dropped) in other.cascaded.items():
