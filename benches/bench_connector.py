@@ -153,6 +153,23 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_model_dir(str(tmp_path_factory.mktemp("tiny_llama")))
 
 
+def hook_rows(
+    theirs: dict[str, float], ours: dict[str, float], widths: tuple[int, int]
+) -> list[str]:
+    """One line per hook either side called: seconds each (in ms) and their ratio."""
+    lines = []
+    for name in HOOKS:
+        a, b = theirs.get(name), ours.get(name)
+        if a is None and b is None:
+            continue
+        ratio = f"{a / b:7.1f}x" if a and b else ""
+        left, right = widths
+        lines.append(
+            f"{name:<28}{(a or 0) * 1e3:>{left}.1f} ms{(b or 0) * 1e3:>{right}.1f} ms{ratio}"
+        )
+    return lines
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _print_table(request):
     yield
@@ -164,12 +181,7 @@ def _print_table(request):
         "connector scheduler-side hooks, one trace through vLLM's Scheduler",
         f"{'':28}{'vLLM OffloadingConnector':>26}{'KVOffloadConnector':>22}{'ratio':>8}",
     ]
-    for name in HOOKS:
-        a, b = theirs.clock.seconds.get(name), ours.clock.seconds.get(name)
-        if a is None and b is None:
-            continue
-        ratio = f"{a / b:7.1f}x" if a and b else ""
-        lines.append(f"{name:<28}{(a or 0) * 1e3:>23.1f} ms{(b or 0) * 1e3:>19.1f} ms{ratio}")
+    lines += hook_rows(theirs.clock.seconds, ours.clock.seconds, (23, 19))
     lines.append(
         f"{'total':<28}{theirs.clock.total * 1e3:>23.1f} ms{ours.clock.total * 1e3:>19.1f} ms"
         f"{theirs.clock.total / ours.clock.total:7.1f}x"

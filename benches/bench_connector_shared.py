@@ -33,7 +33,7 @@ pytest.importorskip("vllm.config", reason="vLLM is not installed (`make test` in
 
 from rig import NoCopyWorker, make_rig, write_model_dir
 
-from bench_connector import HOOKS, HookClock, shared_prefix_requests
+from bench_connector import HOOKS, HookClock, hook_rows, shared_prefix_requests
 from redis_server import RedisServer, redis_server
 
 TPB = 16
@@ -164,12 +164,7 @@ def _print_table(request):
         "shared tier: connector scheduler-side hooks, engine 1 (cold) + engine 2 (from Redis)",
         f"{'':28}{'vLLM Tiering+RedisTier':>24}{'KVOffloadConnector':>20}{'ratio':>8}",
     ]
-    for name in HOOKS:
-        x, y = theirs["per_hook"].get(name), ours["per_hook"].get(name)
-        if x is None and y is None:
-            continue
-        ratio = f"{x / y:7.1f}x" if x and y else ""
-        lines.append(f"{name:<28}{(x or 0) * 1e3:>21.1f} ms{(y or 0) * 1e3:>17.1f} ms{ratio}")
+    lines += hook_rows(theirs["per_hook"], ours["per_hook"], (21, 17))
     lines += [
         f"{'total':<28}{theirs['hook_s'] * 1e3:>21.1f} ms{ours['hook_s'] * 1e3:>17.1f} ms"
         f"{theirs['hook_s'] / ours['hook_s']:7.1f}x",
