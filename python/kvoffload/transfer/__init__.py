@@ -12,7 +12,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from kvoffload.transfer.engine import TransferEngine, TransferResult
 from kvoffload.transfer.layout import KVCacheLayout, KVCaches
-from kvoffload.transfer.plan import COPY_PATHS, CopyPath
+from kvoffload.transfer.plan import COPY_PATHS, CopyPath, JobPart
 from kvoffload.transfer.pool import MAX_PIECE_BYTES, CpuPool
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "MAX_PIECE_BYTES",
     "CopyPath",
     "CpuPool",
+    "JobPart",
     "KVCacheLayout",
     "KVCaches",
     "TransferEngine",

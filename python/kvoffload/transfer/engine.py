@@ -8,7 +8,7 @@ import operator
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType, TracebackType
 from typing import NamedTuple
@@ -18,7 +18,19 @@ import torch
 
 from kvoffload.errors import InvalidStateError
 from kvoffload.transfer.layout import KVCacheLayout, KVCaches
-from kvoffload.transfer.plan import COPY_PATHS, CopyPath, CopyPlan, Geometry, check_job, plan_copies
+from kvoffload.transfer.plan import (
+    COPY_PATHS,
+    CopyPath,
+    CopyPlan,
+    Geometry,
+    JobPart,
+    Part,
+    check_job,
+    check_parts,
+    merge_plans,
+    plan_copies,
+    staging_copies,
+)
 from kvoffload.transfer.pool import CpuPool
 
 logger = logging.getLogger(__name__)
@@ -28,7 +40,8 @@ class TransferResult(NamedTuple):
     job_id: int
     success: bool
     num_bytes: int
-    """The job's GPU blocks (skipped ones excluded) times the block size; also for a failed job."""
+    """Bytes the job copies (per part: its GPU blocks times the pages of its segments); also for
+    a failed job."""
     seconds: float
     """Time the copies took on the copy stream (CPU mode: on the host)."""
 
@@ -67,6 +80,12 @@ class TransferEngine:
     slot's pages of its first `s` blocks as they were. Likewise a job may end inside its last
     chunk (vLLM's partial tails): it then lists fewer blocks, at least one per slot, and the last
     slot's remaining pages are not copied either way.
+
+    A job may also be made of parts (`submit_store_parts`, `submit_load_parts`): one job id, one
+    result, each part a job of the contract above that copies only some segments of the layout
+    (vLLM's hybrid models: each KV-cache group's blocks live in the tensors of its layers, and
+    its chunks have their own skip and tail). A store may not write a slot twice across parts,
+    a load not the same segment of a GPU block.
 
     Each direction has one CUDA stream (expedited loads a third one), so jobs of one direction
     finish in submission order. A job
@@ -202,7 +221,8 @@ class TransferEngine:
         """Starts copying GPU blocks to slots (GPU -> CPU); see the class docstring for the
         argument contract. Raises `ValueError`/`TypeError` and copies nothing when an argument is
         invalid (ids out of range, lengths inconsistent, a slot repeated, `job_id` in flight)."""
-        self._submit(self._dirs[0], job_id, slots, gpu_block_ids, skip_leading_blocks)
+        part = JobPart(slots, gpu_block_ids, skip_leading_blocks)
+        self._submit(self._dirs[0], job_id, lambda: [check_job(self._geom, part, True)])
 
     def submit_load(
         self,
@@ -216,8 +236,24 @@ class TransferEngine:
         """Starts copying slots to GPU blocks (CPU -> GPU); like `submit_store`, with a GPU block
         repeated being the invalid case. An `expedited` load runs on a stream of its own, so it
         does not wait for the regular loads queued before it."""
-        d = self._dirs[2 if expedited else 1]
-        self._submit(d, job_id, slots, gpu_block_ids, skip_leading_blocks)
+        part = JobPart(slots, gpu_block_ids, skip_leading_blocks)
+        d = self._load_dir(expedited)
+        self._submit(d, job_id, lambda: [check_job(self._geom, part, False)])
+
+    def submit_store_parts(self, job_id: int, parts: Sequence[JobPart]) -> None:
+        """Starts a store of several parts, copied as one job (see the class docstring); raises
+        and copies nothing when any part is invalid, naming it (`parts[1].slots[0]=...`)."""
+        self._submit(self._dirs[0], job_id, lambda: check_parts(self._geom, parts, True))
+
+    def submit_load_parts(
+        self, job_id: int, parts: Sequence[JobPart], *, expedited: bool = False
+    ) -> None:
+        """Starts a load of several parts, copied as one job; like `submit_store_parts`."""
+        d = self._load_dir(expedited)
+        self._submit(d, job_id, lambda: check_parts(self._geom, parts, False))
+
+    def _load_dir(self, expedited: bool) -> _Direction:
+        return self._dirs[2 if expedited else 1]
 
     def get_finished(self) -> list[TransferResult]:
         """Results of the jobs finished since the last call, in submission order (jobs of one
@@ -272,14 +308,8 @@ class TransferEngine:
     ) -> None:
         self.close()
 
-    def _submit(
-        self,
-        d: _Direction,
-        job_id: int,
-        slots: npt.ArrayLike,
-        gpu_block_ids: npt.ArrayLike,
-        skip_leading_blocks: int,
-    ) -> None:
+    def _submit(self, d: _Direction, job_id: int, check: Callable[[], list[Part]]) -> None:
+        """`check` validates the parts once the engine and `job_id` are known to be usable."""
         if self._closed:
             raise InvalidStateError("the transfer engine is closed")
         if isinstance(job_id, bool):
@@ -293,18 +323,22 @@ class TransferEngine:
                 f"job_id={job_id} is already in use: its result has not been reported by "
                 f"get_finished yet"
             )
-        slot_ids, gpu_ids, skip = check_job(
-            self._geom, slots, gpu_block_ids, skip_leading_blocks, d.store
-        )
+        parts = check()
         usable = self.pool.usable_slots
-        if usable < self.pool.num_slots and slot_ids.size and int(slot_ids.max()) >= usable:
-            # Its memory is still being pinned: a copy there would see pageable memory.
-            raise ValueError(
-                f"slots={slot_ids.tolist()} reach past the {usable} slots ready so far "
-                f"(of {self.pool.num_slots}); allowed: slots below {usable}"
-            )
-        plan = plan_copies(self._geom, slot_ids, gpu_ids, skip, self._path)
-        job = _Job(self._seq, job_id, len(gpu_ids) * self.layout.block_bytes)
+        for part in parts:
+            if usable < self.pool.num_slots and part.slots.size and part.slots.max() >= usable:
+                # Its memory is still being pinned: a copy there would see pageable memory.
+                raise ValueError(
+                    f"slots={part.slots.tolist()} reach past the {usable} slots ready so far "
+                    f"(of {self.pool.num_slots}); allowed: slots below {usable}"
+                )
+        g = self._geom
+        path = self._path
+        plan = merge_plans(
+            [plan_copies(g.select(p.segments), p.slots, p.gpu_ids, p.skip, path) for p in parts]
+        )
+        pages = sum(len(p.gpu_ids) * len(g.select(p.segments).selected) for p in parts)
+        job = _Job(self._seq, job_id, pages * self.layout.page_bytes)
         self._seq += 1
         if d.stream is None:
             started = time.perf_counter()
@@ -367,23 +401,24 @@ class TransferEngine:
         if self.is_cuda:
             ids = ids.to(self.layout.device, non_blocking=True)
         flat = staging.view(-1)
-        slot = self._geom.slot
+        segments = self.layout.segments
         for batch in plan.batches:
             index = ids[batch.first : batch.first + batch.count]
             chunks = staging[: batch.count]
+            selected = self._geom.select(batch.segments).selected
             if d.store:
-                for k, seg in enumerate(self.layout.segments):
-                    chunks[:, k] = seg[index]
-            for first, offset, count in batch.slot_runs:
-                dev = flat[first * slot : (first + count) * slot]
-                host = pool[offset : offset + count * slot]
+                for k in selected:
+                    chunks[:, k] = segments[k][index]
+            for staged, offset, length in staging_copies(self._geom, batch):
+                dev = flat[staged : staged + length]
+                host = pool[offset : offset + length]
                 if d.store:
                     host.copy_(dev, non_blocking=True)
                 else:
                     dev.copy_(host, non_blocking=True)
             if not d.store:
-                for k, seg in enumerate(self.layout.segments):
-                    seg[index] = chunks[:, k]
+                for k in selected:
+                    segments[k][index] = chunks[:, k]
 
     @staticmethod
     def _finished(job: _Job) -> bool:

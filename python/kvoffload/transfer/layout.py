@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeAlias
 
 import torch
@@ -34,19 +34,23 @@ class KVCacheLayout:
     such as MLA or FlashInfer). Each index of the dimensions before `block_dim` is one segment;
     the dimensions after it form the page, which must be dense in memory (any dimension order).
     Tensors on `cpu` stand in for a GPU cache (CPU mode).
+
+    Each segment remembers its tensor's name (`segment_names`): the key of a mapping, the index
+    of a sequence as a str, "0" for one tensor; `segments_of` and `segments_of_tensors` find a
+    part of the cache by it (e.g. one KV-cache group's layers, see `JobPart.segments`).
     """
 
     def __init__(self, kv_caches: KVCaches, *, block_dim: int | None = None) -> None:
         named = _named_tensors(kv_caches)
         if block_dim is None:
             block_dim = 0 if isinstance(kv_caches, torch.Tensor) else 1
-        first_name, first = named[0]
+        _, first_name, first = named[0]
         if type(block_dim) is not int or not 0 <= block_dim < first.dim():
             raise ValueError(
                 f"block_dim={block_dim!r} is not a dimension of {first_name} "
                 f"(shape {tuple(first.shape)}); allowed: 0..{first.dim() - 1}"
             )
-        for name, t in named[1:]:
+        for _, name, t in named[1:]:
             if (t.shape, t.dtype, t.device) != (first.shape, first.dtype, first.device):
                 raise ValueError(
                     f"{name} has shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device} but "
@@ -70,7 +74,10 @@ class KVCacheLayout:
 
         # (tensor, byte offset of block 0, bytes between consecutive blocks) per segment
         raw: list[tuple[torch.Tensor, int, int]] = []
-        for name, t in named:
+        self.segment_names: list[str] = []
+        """Per segment the name of its tensor (see the class docstring)."""
+        self._segment_ptrs: list[int] = []
+        for key, name, t in named:
             _check_dense_page(name, t, block_dim)
             block_stride = t.stride(block_dim) * elem
             if self.num_blocks > 1 and block_stride < self.page_bytes:
@@ -82,6 +89,8 @@ class KVCacheLayout:
             for index in itertools.product(*outer):
                 offset = t.storage_offset() + sum(i * t.stride(d) for d, i in enumerate(index))
                 raw.append((t, int(offset) * elem, block_stride))
+                self.segment_names.append(key)
+                self._segment_ptrs.append(t.data_ptr())
 
         align = math.gcd(
             self.page_bytes,
@@ -118,6 +127,35 @@ class KVCacheLayout:
         """Bytes of one chunk, i.e. of one slot of the CPU pool."""
         return blocks_per_chunk * self.block_bytes
 
+    def segments_of(self, names: Iterable[str]) -> list[int]:
+        """The indices of the segments of the named tensors (see `segment_names`), in layout
+        order; raises `ValueError` naming a name that is not one of them."""
+        if isinstance(names, str):
+            raise TypeError(f"names must be an iterable of names, got the str {names!r}")
+        wanted = set(names)
+        unknown = wanted.difference(self.segment_names)
+        if unknown:
+            raise ValueError(
+                f"{sorted(map(repr, unknown))[0]} is not a tensor of this layout; its tensors "
+                f"are {', '.join(dict.fromkeys(self.segment_names))}"
+            )
+        return [i for i, name in enumerate(self.segment_names) if name in wanted]
+
+    def segments_of_tensors(self, tensors: Iterable[torch.Tensor]) -> list[int]:
+        """The indices of the segments of `tensors`, in layout order. A tensor is matched by the
+        address of its first element (`data_ptr()`), not by identity: any view that starts where
+        a tensor of the layout starts finds that tensor's segments, e.g. the tensor vLLM
+        registers for a layer that shares the memory of another, registered one. Raises
+        `ValueError` for a tensor that starts where none of the layout's does."""
+        wanted = {t.data_ptr() for t in tensors}
+        unknown = wanted.difference(self._segment_ptrs)
+        if unknown:
+            raise ValueError(
+                f"a tensor starting at {min(unknown):#x} is not one of this layout's; they start "
+                f"at {', '.join(f'{p:#x}' for p in dict.fromkeys(self._segment_ptrs))}"
+            )
+        return [i for i, ptr in enumerate(self._segment_ptrs) if ptr in wanted]
+
     def __repr__(self) -> str:
         return (
             f"KVCacheLayout(device={self.device}, num_blocks={self.num_blocks}, "
@@ -125,13 +163,14 @@ class KVCacheLayout:
         )
 
 
-def _named_tensors(kv_caches: KVCaches) -> list[tuple[str, torch.Tensor]]:
+def _named_tensors(kv_caches: KVCaches) -> list[tuple[str, str, torch.Tensor]]:
+    """(name, what errors call it, tensor) per tensor."""
     if isinstance(kv_caches, torch.Tensor):
-        named = [("kv_caches", kv_caches)]
+        named = [("0", "kv_caches", kv_caches)]
     elif isinstance(kv_caches, Mapping):
-        named = [(f"kv_caches[{name!r}]", t) for name, t in kv_caches.items()]
+        named = [(str(name), f"kv_caches[{name!r}]", t) for name, t in kv_caches.items()]
     elif isinstance(kv_caches, Sequence):
-        named = [(f"kv_caches[{i}]", t) for i, t in enumerate(kv_caches)]
+        named = [(str(i), f"kv_caches[{i}]", t) for i, t in enumerate(kv_caches)]
     else:
         raise TypeError(
             f"kv_caches is a {type(kv_caches).__name__}; allowed: a tensor, a sequence of "
@@ -139,7 +178,7 @@ def _named_tensors(kv_caches: KVCaches) -> list[tuple[str, torch.Tensor]]:
         )
     if not named:
         raise ValueError("kv_caches is empty; at least one tensor is needed")
-    for name, t in named:
+    for _, name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} is a {type(t).__name__}, not a torch.Tensor")
     return named
