@@ -11,8 +11,16 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 from rig import BLOCK_BYTES, BPC, make_rig, prompt
 from test_connector_lifecycle import Stall, expected_outputs
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCacheRef,
+    CanonicalKVCaches,
+    CanonicalKVCacheTensor,
+    GPULoadStoreSpec,
+)
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from kvoffload import ConfigError, NotSupportedError
 from kvoffload.vllm import KVOffloadManager, KVOffloadSpec, KVOffloadWorker
@@ -62,11 +70,53 @@ def test_vllm_cpu_spec_keys_that_change_nothing_are_accepted(model_dir):
     assert spec_of(rig).num_chunks == 64
 
 
-def test_a_hybrid_model_is_refused_naming_vllms_spec(model_dir):
+def test_a_hybrid_model_gets_the_tier_of_its_bytes_per_block(model_dir):
     config = spec_of(make_rig(model_dir, connector="spec")).config
-    two_groups = dataclasses.replace(config, groups=config.groups * 2)
-    with pytest.raises(NotSupportedError, match=r"has 2 \(a hybrid model\).*vLLM's own CPU"):
-        KVOffloadSpec(two_groups)
+    two_groups = KVOffloadSpec(dataclasses.replace(config, groups=config.groups * 2))
+    # vLLM's bytes per block are those of the allocation the groups overlay: not summed.
+    assert two_groups.num_chunks == 64
+
+
+def test_the_worker_copies_each_group_in_its_own_tensors():
+    """vLLM's hybrid layout: 3 tensors, group 0 has a layer in each, the shorter group 1 in the
+    first two. Blocks per chunk 3: group 0's 2 blocks from logical block 4 skip 1 block of their
+    one chunk; group 1's 3 blocks from logical block 1 fill the last 2 of one chunk and 1 of the
+    next. The CPU spec lists group 0's chunk, then group 1's two, as vLLM's CPU worker reads it."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = [torch.randint(1, 127, (24, 64), dtype=torch.int8, generator=gen) for _ in range(3)]
+    group_tensors = [(0, 1, 2), (0, 1)]
+    refs = [[CanonicalKVCacheRef(i, 64) for i in ids] for ids in group_tensors]
+    caches = CanonicalKVCaches([CanonicalKVCacheTensor(t, 64) for t in tensors], refs)
+    worker = KVOffloadWorker(caches, num_slots=8, blocks_per_chunk=3, cpu_bytes_to_use=1 << 20)
+    src, dst, cpu = [10, 11, 3, 4, 5], [20, 21, 13, 14, 15], CPULoadStoreSpec([5, 0, 3])
+    placed = {  # (slot, block in its chunk): (GPU block stored, its group)
+        (5, 1): (10, 0), (5, 2): (11, 0),
+        (0, 1): (3, 1), (0, 2): (4, 1), (3, 0): (5, 1),
+    }  # fmt: skip
+    before = [t.clone() for t in tensors]
+
+    assert worker.submit_store(1, GPULoadStoreSpec(src, [2, 3], [4, 1]), cpu)
+    worker.wait({1})
+    for t in tensors:
+        t.zero_()
+    assert worker.submit_load(2, cpu, GPULoadStoreSpec(dst, [2, 3], [4, 1]))
+    worker.wait({2})
+
+    job_bytes = (2 * 3 + 3 * 2) * 64  # per group: its blocks times its tensors' pages
+    results = [(r.job_id, r.success, r.transfer_size) for r in worker.get_finished()]
+    assert results == [(1, True, job_bytes), (2, True, job_bytes)]
+    pool = torch.stack([worker.engine.pool.slot(s).view(torch.int8) for s in range(8)])
+    want_pool = torch.zeros(8, 3, 3, 64, dtype=torch.int8)  # [slot, tensor, block, page]
+    want_gpu = [torch.zeros_like(t) for t in tensors]
+    moved = dict(zip(src, dst, strict=True))
+    for (slot, index), (block, group) in placed.items():
+        for i in group_tensors[group]:
+            want_pool[slot, i, index] = before[i][block]
+            want_gpu[i][moved[block]] = before[i][block]
+    assert torch.equal(pool.view(8, 3, 3, 64), want_pool)
+    for t, want in zip(tensors, want_gpu, strict=True):
+        assert torch.equal(t, want)
+    worker.shutdown()
 
 
 def test_tier_is_split_over_workers(model_dir):
@@ -126,13 +176,13 @@ def test_sync_loads_run_expedited_before_the_forward_pass(model_dir, is_async):
     rig.reset_gpu_prefix_cache()
     expedited = []
     engine = rig.engine()
-    submit = engine.submit_load
+    submit = engine.submit_load_parts
 
     def spy(*args, **kwargs):
         expedited.append(kwargs.get("expedited"))
         return submit(*args, **kwargs)
 
-    engine.submit_load = spy
+    engine.submit_load_parts = spy
     rig.add("b", prompt(7, 48) + prompt(8, 10), 3)
     rig.run()
     assert expedited == [True]

@@ -99,6 +99,11 @@ class KVOffloadSpec(OffloadingSpec):
             }
         )
         world_size = config.parallel.world_size
+        # The bytes of one GPU block id over the whole KV allocation: a hybrid model's groups
+        # overlay each other there, so this is not a sum over groups, and it is the worker's
+        # slot (one chunk of every tensor) unless groups that are not offloaded use more
+        # tensors, which only leaves part of cpu_bytes_to_use unused. (vLLM's fallback with no
+        # KV-cache tensors sums over groups: an overcount, never an overspend.)
         block_bytes = config.worker_kv_bytes_per_block
         if block_bytes <= 0:
             raise NotSupportedError(
@@ -164,9 +169,4 @@ def _check_unsupported(extra: dict[str, Any], config: OffloadingConfig) -> None:
     if config.canonical_layout:
         raise NotSupportedError(
             f"canonical_layout is not supported by KVOffloadSpec; remove it, or use {_OTHER_SPEC}"
-        )
-    if len(config.groups) != 1:
-        raise NotSupportedError(
-            f"KVOffloadSpec supports models with one KV-cache group; this one has "
-            f"{len(config.groups)} (a hybrid model). Use {_OTHER_SPEC}"
         )

@@ -12,20 +12,26 @@ from vllm.v1.kv_offload.base import (
     TransferResult,
 )
 
-from kvoffload.errors import ConfigError, NotSupportedError
-from kvoffload.transfer import TransferEngine
+from kvoffload.errors import ConfigError
+from kvoffload.transfer import JobPart, TransferEngine
 from kvoffload.transfer.progress import PoolProgress
 from kvoffload.vllm.pinning import Pinning
 
 
 class KVOffloadWorker(OffloadingWorker):
-    """Copies the chunks of one KV-cache group between the tensors vLLM registers (block
+    """Copies the chunks of vLLM's KV-cache groups between the tensors vLLM registers (block
     dimension leading, one per layer or one for all layers; CUDA, or CPU in tests) and a pinned
     pool of `num_slots` chunks.
 
-    A job's GPU spec lists the blocks of logical block indices `block_indices[0] ..` of its
-    request: a first block inside a chunk skips that chunk's leading blocks, and a job may end
-    inside its last chunk (vLLM's partial tails), exactly as vLLM's CPU worker places them."""
+    A slot is a chunk of every tensor any group uses. The groups of a hybrid model overlay each
+    other on the same tensors (one layer of each group per tensor; a shorter group uses fewer),
+    so that is one group's chunk, and a group's chunk fills its own tensors' part of its slot:
+    as vLLM's CPU worker keeps one CPU array per tensor, indexed by the same CPU block ids.
+
+    A job's GPU spec lists, group after group, the blocks of logical block indices
+    `block_indices[g] ..` of its request: a first block inside a chunk skips that chunk's
+    leading blocks, and a group may end inside its last chunk (vLLM's partial tails); its CPU
+    spec lists each group's chunks in the same order, exactly as vLLM's CPU worker reads them."""
 
     def __init__(
         self,
@@ -40,18 +46,15 @@ class KVOffloadWorker(OffloadingWorker):
     ) -> None:
         """With `progress`, the pool is prepared as `pinning` says and this worker (`rank`)
         publishes how much of it is ready, for the manager in the scheduler's process."""
-        if len(kv_caches.group_data_refs) != 1:
-            raise NotSupportedError(
-                f"KVOffloadSpec copies one KV-cache group; this model has "
-                f"{len(kv_caches.group_data_refs)}"
-            )
-        used = sorted({ref.tensor_idx for ref in kv_caches.group_data_refs[0]})
-        tensors = [kv_caches.tensors[i].tensor for i in used]
+        groups = [{ref.tensor_idx for ref in refs} for refs in kv_caches.group_data_refs]
+        used = sorted(set().union(*groups))
+        # Named by vLLM's tensor index, to find each group's segments by.
+        tensors = {str(i): kv_caches.tensors[i].tensor for i in used}
         self.blocks_per_chunk = blocks_per_chunk
         pinning = pinning or Pinning(in_background=False)
         try:
             self.engine = pinning.engine(
-                tensors[0].device,
+                kv_caches.tensors[used[0]].tensor.device,
                 lambda **pool: TransferEngine(
                     tensors,
                     num_slots=num_slots,
@@ -66,6 +69,12 @@ class KVOffloadWorker(OffloadingWorker):
                 f"pool of {num_slots} chunks ({exc})"
             ) from exc
 
+        layout = self.engine.layout
+        self._group_segments: list[list[int] | None] = []
+        for tensor_ids in groups:
+            segments = layout.segments_of(map(str, tensor_ids))
+            self._group_segments.append(segments if tensor_ids != set(used) else None)
+
         self._progress = progress
         self._rank = rank
         self._publish()
@@ -74,18 +83,36 @@ class KVOffloadWorker(OffloadingWorker):
         if self._progress is not None:
             self._progress.publish(self._rank, self.engine.pool.usable_slots)
 
-    def _placement(self, gpu: GPULoadStoreSpec) -> int:
-        """Blocks to skip in the job's first chunk."""
-        if not len(gpu.block_ids):  # an empty group places nothing (vLLM skips it)
-            return 0
-        (first,) = gpu.block_indices  # one group: the constructor refused more
-        return int(first) % self.blocks_per_chunk
+    def _parts(self, gpu: GPULoadStoreSpec, cpu: LoadStoreSpec) -> list[JobPart]:
+        """One part per group, read as vLLM's CPU worker reads the specs: group `g` takes the
+        next `group_sizes[g]` GPU blocks and the next `cdiv(skip + group_sizes[g], bpc)` CPU
+        blocks, `skip = block_indices[g] % bpc` being its first block's place in its first
+        chunk; an empty group takes neither."""
+        sizes, indices = gpu.group_sizes, gpu.block_indices
+        if len(sizes) != len(self._group_segments):
+            raise ValueError(
+                f"group_sizes={list(sizes)} has {len(sizes)} groups; this worker copies "
+                f"{len(self._group_segments)}"
+            )
+        slots, bpc = _slots(cpu), self.blocks_per_chunk
+        parts, block, slot = [], 0, 0
+        for size, index, segments in zip(sizes, indices, self._group_segments, strict=True):
+            skip = int(index) % bpc if size else 0
+            num_slots = -(-(skip + size) // bpc)
+            gpu_ids = gpu.block_ids[block : block + size]
+            parts.append(JobPart(slots[slot : slot + num_slots], gpu_ids, skip, segments))
+            block, slot = block + size, slot + num_slots
+        if slot != len(slots):
+            raise ValueError(
+                f"the CPU spec lists {len(slots)} chunks, but group_sizes={list(sizes)} with "
+                f"block_indices={list(indices)} place {slot}"
+            )
+        return parts
 
     def submit_store(
         self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
     ) -> bool:
-        skip = self._placement(src_spec)
-        self.engine.submit_store(job_id, src_spec.block_ids, _slots(dst_spec), skip)
+        self.engine.submit_store_parts(job_id, self._parts(src_spec, dst_spec))
         return True
 
     def submit_load(
@@ -95,10 +122,8 @@ class KVOffloadWorker(OffloadingWorker):
         dst_spec: GPULoadStoreSpec,
         expedited: bool = False,
     ) -> bool:
-        skip = self._placement(dst_spec)
-        self.engine.submit_load(
-            job_id, _slots(src_spec), dst_spec.block_ids, skip, expedited=expedited
-        )
+        parts = self._parts(dst_spec, src_spec)
+        self.engine.submit_load_parts(job_id, parts, expedited=expedited)
         return True
 
     def get_finished(self) -> list[TransferResult]:
