@@ -1,6 +1,8 @@
 """The engine-agnostic scheduler side: per-request offload state, lookups and job planning."""
 
 from kvoffload.scheduler.config import OffloadConfig
+from kvoffload.scheduler.groups import KVGroup
+from kvoffload.scheduler.hybrid import GroupSlice
 from kvoffload.scheduler.jobs import (
     FinishPlan,
     JobResult,
@@ -15,7 +17,9 @@ from kvoffload.scheduler.stats import SchedulerStats
 
 __all__ = [
     "FinishPlan",
+    "GroupSlice",
     "JobResult",
+    "KVGroup",
     "LoadJob",
     "OffloadConfig",
     "OffloadScheduler",

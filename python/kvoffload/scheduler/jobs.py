@@ -10,6 +10,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from kvoffload.scheduler.hybrid import GroupSlice
 from kvoffload.store import KeyList
 
 IntArray = npt.NDArray[np.int64]
@@ -26,6 +27,9 @@ class StoreJob:
     gpu_block_ids: IntArray
     chunk_indices: IntArray
     """Which chunks of the request these are (for tests, logs and events)."""
+    parts: tuple[GroupSlice, ...] = ()
+    """With several KV-cache groups: which slots and blocks belong to which group, in order
+    (`()`: one group)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,9 @@ class LoadJob:
     num_tokens: int
     """Tokens this load provides beyond the request's local prefix."""
     first_chunk: int
+    parts: tuple[GroupSlice, ...] = ()
+    """With several KV-cache groups: each group's slots and blocks, in order, each with its own
+    skip (`skip_leading_blocks` is then 0); `()`: one group."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +72,14 @@ class RequestUpdate:
     """Tokens whose KV exists once this step's forward pass is done."""
     num_tokens: int
     """The request's tokens so far (prompt + output)."""
-    new_block_ids: tuple[int, ...] | list[int] = ()
-    """GPU blocks allocated to the request in this step, appended to its block table."""
+    new_block_ids: Sequence[int] | Sequence[Sequence[int]] = ()
+    """GPU blocks allocated to the request in this step, appended to its block table (with
+    several KV-cache groups, one sequence per group)."""
     block_hashes: Sequence[bytes] | None = None
     """The request's block hashes so far (vLLM's `request.block_hashes`); `None`: unchanged."""
+    shared_prefix_boundary: int = 0
+    """A shared-prefix junction the engine keeps (vLLM's `request.shared_prefix_boundary`): a
+    window group stores the chunks a hit there reads too."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ import numpy as np
 
 from kvoffload import _rust
 from kvoffload.scheduler.config import OffloadConfig
+from kvoffload.scheduler.groups import KVGroup
+from kvoffload.scheduler.hybrid import GroupSlice, GroupState, HybridPlanner, StoreOffer
 from kvoffload.scheduler.jobs import (
     FinishPlan,
     IntArray,
@@ -49,11 +51,11 @@ from kvoffload.scheduler.params import (
 )
 from kvoffload.scheduler.shared_tier import Lookups, SharedTier
 from kvoffload.scheduler.stats import SchedulerStats
-from kvoffload.store import CpuStore, KeyList
+from kvoffload.store import CpuStore, KeyList, KeyStatus
 
 logger = logging.getLogger(__name__)
 
-_GROUP_IDX = 0  # one attention group is supported (OffloadConfig refuses more)
+_GROUP_IDX = 0  # a model with one full-attention group; others are planned by HybridPlanner
 _NO_BLOCKS: IntArray = np.empty(0, dtype=np.int64)
 _NO_BLOCKS.flags.writeable = False
 
@@ -105,11 +107,21 @@ class _Request:
     planned_load: tuple[int, int] | None = None
     """`(num_local_tokens, loadable_tokens)` of the last lookup."""
     jobs: set[int] = field(default_factory=set)
+    finishing: bool = False
+    """Its final stores are being planned (no speculative token can be rejected any more)."""
     finished: bool = False
     rank: int | None = None
     """The request's place in the store's LRU order, drawn at its first store or load."""
     load_remote: bool = True
     """Its `kv_load_tiers` let it load from the shared tier."""
+    groups: list[GroupState] | None = None
+    """With several KV-cache groups (or a window group): each group's keys, table and store
+    frontier, in place of `keys`, `block_ids` and `stored_chunks`."""
+    used: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    """With `groups`: the keys the request offered or loaded, and their (chunk, group)."""
+    new_tables: bool = False
+    """With `groups`: its tables were handed over since the last `plan_step` (they hold blocks
+    allocated in this step, not blocks handed out again)."""
 
 
 class _CheckedUpdate(NamedTuple):
@@ -117,6 +129,9 @@ class _CheckedUpdate(NamedTuple):
     computed: int
     num_tokens: int
     new_blocks: IntArray
+    group_blocks: list[IntArray] | None
+    """With several groups: each group's new blocks (`new_blocks` is then empty)."""
+    shared_prefix_boundary: int
 
 
 @dataclass(frozen=True)
@@ -137,11 +152,32 @@ class OffloadScheduler:
         remote: Lookups | None = None,
         world_size: int = 1,
         remote_locality: str = "REMOTE",
+        groups: Sequence[KVGroup] | None = None,
+        retention_interval: int | None = 0,
     ) -> None:
         """`bytes_per_chunk` (all workers together) only feeds the byte counters of the stats.
         With `remote` (a `RemoteLookups`), a shared tier of `remote_locality` stands behind the
-        CPU tier, moved by `world_size` workers (see `SharedTier`)."""
+        CPU tier, moved by `world_size` workers (see `SharedTier`).
+
+        `groups` are the model's KV-cache groups (default: one full-attention group). With more,
+        or a window group, block tables and new blocks are given per group, and
+        `retention_interval` (vLLM's `prefix_cache_retention_interval`) says at which boundaries
+        a sliding-window group keeps what a hit reads (`HybridPlanner`)."""
         self.config = config
+        self.hybrid = (
+            None
+            if groups is None or tuple(groups) == (KVGroup(),)
+            else HybridPlanner(
+                groups,
+                config.tokens_per_block,
+                config.blocks_per_chunk,
+                retention_interval=retention_interval,
+            )
+        )
+        if self.hybrid is not None and remote is not None:
+            raise ValueError(
+                "a shared tier (remote) is not supported with several KV-cache groups yet"
+            )
         self.store = store
         self.bytes_per_chunk = bytes_per_chunk
         self._requests: dict[str, _Request] = {}
@@ -168,6 +204,8 @@ class OffloadScheduler:
         remote: Lookups | None = None,
         world_size: int = 1,
         remote_locality: str = "REMOTE",
+        groups: Sequence[KVGroup] | None = None,
+        retention_interval: int | None = 0,
     ) -> OffloadScheduler:
         """A scheduler with its own CPU-tier store sized from `config.cpu_bytes_to_use` (with
         `usable_slots`, a store that grows as its memory gets ready: `CpuStore`)."""
@@ -184,6 +222,8 @@ class OffloadScheduler:
             remote=remote,
             world_size=world_size,
             remote_locality=remote_locality,
+            groups=groups,
+            retention_interval=retention_interval,
         )
 
     # --- request lifecycle -------------------------------------------------------------------
@@ -212,6 +252,7 @@ class OffloadScheduler:
                 request_id, kv_transfer_params, MAX_LOAD_TOKENS, ignored
             ),
             num_tokens=num_prompt_tokens,
+            groups=None if self.hybrid is None else self.hybrid.new_state(),
         )
         if self.shared_tier is not None:
             tiers = parse_load_tiers(request_id, kv_transfer_params, ignored)
@@ -246,12 +287,17 @@ class OffloadScheduler:
         req.stored_chunks = 0
         req.planned_load = None
         req.num_tokens = num_tokens
+        for state in req.groups or ():
+            state.block_ids = []
+            state.next_stored = 0
         if req.jobs:
             self._stats.deferred_lookups += 1
             return None
         self._extend_keys(req, block_hashes)
         if not read:
             return 0
+        if req.groups is not None:
+            return self._lookup_groups(req, num_local_tokens, num_tokens)
         tpc = self.config.tokens_per_chunk
         window = _rust.load_window(
             num_tokens, num_local_tokens, req.max_load_tokens, len(req.keys), tpc
@@ -282,11 +328,14 @@ class OffloadScheduler:
         return loadable
 
     def on_allocated(
-        self, request_id: str, block_ids: Sequence[int], num_external_tokens: int = 0
+        self,
+        request_id: str,
+        block_ids: Sequence[int] | Sequence[Sequence[int]],
+        num_external_tokens: int = 0,
     ) -> LoadJob | None:
-        """The engine scheduled the request with this GPU block table and accepted
-        `num_external_tokens` from the last `lookup` (0, or all it offered). Pins the chunks and
-        returns the load, if any.
+        """The engine scheduled the request with this GPU block table (with several KV-cache
+        groups, one per group) and accepted `num_external_tokens` from the last `lookup` (0, or
+        all it offered). Pins the chunks and returns the load, if any.
 
         Raises (changing nothing) on bad arguments, and `InvalidStateError` when a chunk the
         lookup found was evicted since: the engine must then compute those tokens itself. That
@@ -294,10 +343,16 @@ class OffloadScheduler:
         `plan_step` or `finish_request` (which make room by evicting)."""
         req = self._request(request_id)
         num_external_tokens = _count("num_external_tokens", num_external_tokens)
-        table = _block_ids("block_ids", block_ids)
+        tables = None
+        if req.groups is not None:
+            tables = self._group_tables("block_ids", block_ids)
+            table = _NO_BLOCKS
+        else:
+            table = _block_ids("block_ids", block_ids)  # type: ignore[arg-type]
         planned = req.planned_load
         if num_external_tokens == 0:
-            req.block_ids, req.planned_load = table.tolist(), None
+            self._set_tables(req, table, tables)
+            req.planned_load = None
             return None
         if planned is None or num_external_tokens != planned[1]:
             offered = 0 if planned is None else planned[1]
@@ -307,6 +362,8 @@ class OffloadScheduler:
                 f"what its last lookup offered; allowed: {allowed}"
             )
         num_local, loadable = planned
+        if tables is not None:
+            return self._load_groups(req, tables, num_local, loadable)
         tpc, bpc = self.config.tokens_per_chunk, self.config.blocks_per_chunk
         first = num_local // tpc
         end = -(-(num_local + loadable) // tpc)
@@ -348,6 +405,8 @@ class OffloadScheduler:
         if len(set(ids)) != len(ids):
             raise ValueError(f"updates name a request twice: {sorted(ids)}")
         flush = self._jobs_touching(realloc)
+        if self.hybrid is not None and realloc.size and self.hybrid.window_groups():
+            self._drop_reallocated(checked, set(realloc.tolist()))
         promotions, cascades = (
             ([], []) if self.shared_tier is None else self.shared_tier.take_jobs()
         )
@@ -388,14 +447,19 @@ class OffloadScheduler:
         if len(set(ids)) != len(ids):
             raise ValueError(f"finals name a request twice: {sorted(ids)}")
         jobs: list[list[StoreJob]] = []
-        for _, c in checked:
+        for req, c in checked:
+            req.finishing = True
             job = None if c is None else self._store_update(c)
             jobs.append([] if job is None else [job])
         plans = []
         for (req, _), req_jobs in zip(checked, jobs, strict=True):
             # Refresh recency once per request, in prefix order, so its head outlives its tail;
             # not a reuse (loads counted theirs), so ARC keeps once-stored chunks in its T1.
-            self.store.touch(req.keys.view(0, req.stored_chunks), reuse=False)
+            if req.groups is None:
+                self.store.touch(req.keys.view(0, req.stored_chunks), reuse=False)
+            else:
+                used = req.used
+                self.store.touch(sorted(used, key=used.__getitem__), reuse=False)
             req.finished = True
             if self.shared_tier is not None:
                 self.shared_tier.finish_request(req.request_id)
@@ -418,6 +482,9 @@ class OffloadScheduler:
         if final is None:
             return False
         c = self._check_update(final)
+        if req.groups is not None:
+            offer, _ = self._offer(req, c.computed, c.num_tokens, True, c.shared_prefix_boundary)
+            return bool(offer.keys)
         return self._storable(req, c.computed, c.num_tokens) > req.stored_chunks
 
     def complete_job(self, job_id: int, success: bool) -> JobResult:
@@ -469,6 +536,9 @@ class OffloadScheduler:
         for req in self._requests.values():
             req.stored_chunks = 0
             req.rank = None
+            req.used = {}
+            for state in req.groups or ():
+                state.next_stored = 0
 
     def is_loading(self, request_id: str) -> bool:
         """Whether a load of the request is in flight (it is waiting for its KV)."""
@@ -508,6 +578,10 @@ class OffloadScheduler:
 
     def _extend_keys(self, req: _Request, block_hashes: Sequence[bytes]) -> None:
         # Reads only the hashes past the chunks that already have keys.
+        if req.groups is not None:
+            assert self.hybrid is not None
+            self.hybrid.extend_keys(req.groups, block_hashes)
+            return
         req.keys.extend_chunk_keys(block_hashes, self.config.blocks_per_chunk, _GROUP_IDX)
 
     def _track(
@@ -532,14 +606,24 @@ class OffloadScheduler:
                 f"num_computed_tokens={computed} for request {u.request_id!r} is more than its "
                 f"num_tokens={num_tokens}: KV exists only for tokens the request has"
             )
-        new_blocks = _block_ids("new_block_ids", u.new_block_ids)
+        group_blocks = None
+        if req.groups is not None:
+            group_blocks = self._group_tables("new_block_ids", u.new_block_ids, empty_ok=True)
+            new_blocks = _NO_BLOCKS
+        else:
+            new_blocks = _block_ids("new_block_ids", u.new_block_ids)  # type: ignore[arg-type]
+        junction = _count("shared_prefix_boundary", u.shared_prefix_boundary)
         if u.block_hashes is not None:
             self._extend_keys(req, u.block_hashes)
-        return _CheckedUpdate(req, computed, num_tokens, new_blocks)
+        return _CheckedUpdate(req, computed, num_tokens, new_blocks, group_blocks, junction)
 
     def _store_update(self, c: _CheckedUpdate) -> StoreJob | None:
         """Records a checked update and plans the request's stores; cannot fail half-way."""
         c.req.num_tokens = c.num_tokens
+        if c.req.groups is not None:
+            for state, blocks in zip(c.req.groups, c.group_blocks or (), strict=False):
+                state.block_ids.extend(blocks.tolist())
+            return self._store_groups(c.req, c.computed, c.shared_prefix_boundary)
         c.req.block_ids.extend(c.new_blocks.tolist())
         return self._plan_store(c.req, c.computed)
 
@@ -584,6 +668,146 @@ class OffloadScheduler:
         job_id = self._track("store", req, plan.keys, src)
         self._stats.store_jobs += 1
         return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, plan.indices + first)
+
+    # --- several KV-cache groups (HybridPlanner) -------------------------------------------------
+
+    def _group_tables(
+        self, name: str, values: Sequence[int] | Sequence[Sequence[int]], *, empty_ok: bool = False
+    ) -> list[IntArray]:
+        """One block table per group, or a ValueError naming `name`."""
+        assert self.hybrid is not None
+        n = self.hybrid.num_groups
+        if empty_ok and len(values) == 0:
+            return []
+        if len(values) != n or any(isinstance(v, (int, np.integer)) for v in values):
+            raise ValueError(
+                f"{name}={_short(values)} is invalid: expected {n} sequences of GPU block ids, "
+                f"one per KV-cache group"
+            )
+        return [_block_ids(f"{name}[{g}]", v) for g, v in enumerate(values)]  # type: ignore[arg-type]
+
+    def _set_tables(self, req: _Request, table: IntArray, tables: list[IntArray] | None) -> None:
+        if tables is None:
+            req.block_ids = table.tolist()
+            return
+        assert req.groups is not None
+        for state, t in zip(req.groups, tables, strict=True):
+            state.block_ids = t.tolist()
+        req.new_tables = True
+
+    def _lookup_groups(self, req: _Request, num_local: int, num_tokens: int) -> int | None:
+        assert self.hybrid is not None and req.groups is not None
+        self._stats.lookups += 1
+        hit = self.hybrid.lookup(
+            self.store,
+            req.groups,
+            num_local,
+            num_tokens,
+            req.max_load_tokens,
+            self._loads_in_flight > 0,
+        )
+        if hit is None:
+            self._stats.deferred_lookups += 1
+            return None
+        if hit:
+            req.planned_load = (num_local, hit)
+        return hit
+
+    def _load_groups(
+        self, req: _Request, tables: list[IntArray], num_local: int, loadable: int
+    ) -> LoadJob:
+        assert self.hybrid is not None and req.groups is not None
+        plan = self.hybrid.plan_load(req.groups, [t.tolist() for t in tables], num_local, loadable)
+        keys = KeyList(plan.keys)
+        # Pins, or raises with nothing pinned.
+        slots = self.store.prepare_load(keys, rank=self._rank(req), positions=plan.positions)
+        if self.config.eviction_policy == "arc":
+            self.store.touch(keys)
+        self._set_tables(req, _NO_BLOCKS, tables)
+        req.planned_load = None
+        g = self.hybrid.num_groups
+        for key, position in zip(plan.keys, plan.positions, strict=True):
+            req.used.setdefault(key, (position // g, g - 1 - position % g))
+        for state in req.groups:
+            state.next_stored = max(state.next_stored, plan.end_chunk)
+        dst = np.asarray(plan.gpu_block_ids, dtype=np.int64)
+        job_id = self._track("load", req, keys, dst)
+        self._loads_in_flight += 1
+        self._stats.load_jobs += 1
+        self._stats.hit_tokens += loadable
+        first = min((plan.end_chunk - p.num_slots for p in plan.parts), default=plan.end_chunk)
+        return LoadJob(job_id, req.request_id, keys, slots, dst, 0, loadable, first, plan.parts)
+
+    def _offloadable(self, req: _Request, computed: int, num_tokens: int) -> int:
+        n = min(computed, num_tokens)
+        if req.max_offload_tokens is not None:
+            n = min(n, req.max_offload_tokens)
+        if self.config.offload_prompt_only:
+            n = min(n, req.num_prompt_tokens)
+        return n
+
+    def _offer(
+        self, req: _Request, computed: int, num_tokens: int, finished: bool, junction: int
+    ) -> tuple[StoreOffer, list[int]]:
+        assert self.hybrid is not None and req.groups is not None
+        offloadable = self._offloadable(req, computed, num_tokens)
+        boundaries = (req.num_prompt_tokens - 1,) + ((junction,) if junction else ())
+        decoding = offloadable > req.num_prompt_tokens
+        return self.hybrid.offer(req.groups, offloadable, decoding, finished, boundaries)
+
+    def _store_groups(self, req: _Request, computed: int, junction: int) -> StoreJob | None:
+        assert self.hybrid is not None and req.groups is not None
+        hybrid = self.hybrid
+        offer, ends = self._offer(req, computed, req.num_tokens, req.finishing, junction)
+        plan = None
+        if offer.keys:
+            # A chunk another request is storing now is not a use of it (as in vLLM).
+            status = self.store.lookup(offer.keys)
+            for key, (group, chunk), state in zip(offer.keys, offer.where, status, strict=True):
+                if state != KeyStatus.PENDING:
+                    req.used.setdefault(key, (chunk, group))
+            plan = self.store.prepare_store(
+                offer.keys, rank=self._rank(req), positions=offer.positions
+            )
+            if plan is None:
+                # The frontier stays: the same chunks are offered again next step.
+                self._stats.store_refusals += 1
+                return None
+        for state, end in zip(req.groups, ends, strict=True):
+            state.next_stored = max(state.next_stored, end)
+        if plan is None or not plan.keys:
+            return None
+        bpc = self.config.blocks_per_chunk
+        where = [offer.where[i] for i in plan.indices.tolist()]
+        blocks = [b for g, c in where for b in req.groups[g].block_ids[c * bpc : (c + 1) * bpc]]
+        parts = []
+        for g in range(hybrid.num_groups):
+            n = sum(1 for wg, _ in where if wg == g)
+            if n:
+                parts.append(GroupSlice(g, n, n * bpc))
+        keys = plan.keys if isinstance(plan.keys, KeyList) else KeyList(plan.keys)
+        src = np.asarray(blocks, dtype=np.int64)
+        job_id = self._track("store", req, keys, src)
+        self._stats.store_jobs += 1
+        chunks = np.asarray([c for _, c in where], dtype=np.int64)
+        return StoreJob(job_id, req.request_id, keys, plan.slots, src, chunks, tuple(parts))
+
+    def _drop_reallocated(self, checked: list[_CheckedUpdate], realloc: set[int]) -> None:
+        """Before this step's new blocks are appended (see `HybridPlanner.drop_reallocated`)."""
+        assert self.hybrid is not None
+        window = self.hybrid.window_groups()
+        ends = {
+            c.req.request_id: [len(c.req.groups[g].block_ids) for g in window]  # type: ignore[index]
+            for c in checked
+            if c.group_blocks
+        }
+        for req in self._requests.values():
+            if req.groups is None or req.finished:
+                continue
+            if req.new_tables:
+                req.new_tables = False
+                continue
+            self.hybrid.drop_reallocated(req.groups, ends.get(req.request_id), realloc)
 
     def _jobs_touching(self, realloc: IntArray) -> list[int]:
         if not self._jobs or not realloc.size:

@@ -1,0 +1,110 @@
+"""KV-cache groups of hybrid models, as the scheduler plans them (engine-agnostic).
+
+A hybrid model (sliding-window or chunked-local attention beside full attention) keeps one block
+table per group. Every group has the same block size and chunk; keys differ by the group index
+(a key's last 4 bytes). A full-attention group is hit through its whole prefix, a window group
+only through the chunks its attention reads before the hit boundary, and it stores only the
+chunks a later hit can reach: the rules of vLLM 0.33's `OffloadingConnector`, whose decisions
+these reproduce (see `HybridPlanner` in `hybrid.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+GroupKind = Literal["full", "sliding", "chunked_local"]
+GROUP_KINDS: tuple[GroupKind, ...] = ("full", "sliding", "chunked_local")
+
+_ABSENT, _PENDING = 0, 1  # `KeyStatus` values
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """One KV-cache group. `window` is the sliding window (tokens a sliding layer attends,
+    itself included) or the attention chunk of chunked-local attention; `extra_retained_tokens`
+    are the tokens a sliding group keeps past its window for multi-token speculative decoding;
+    `eagle` marks the draft model's group (EAGLE/MTP), whose last chunk is volatile."""
+
+    kind: GroupKind = "full"
+    window: int = 0
+    extra_retained_tokens: int = 0
+    eagle: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in GROUP_KINDS:
+            raise ValueError(f"kind={self.kind!r} is invalid; allowed: {', '.join(GROUP_KINDS)}")
+        windowed = self.kind != "full"
+        if type(self.window) is not int or (self.window < 1 if windowed else self.window != 0):
+            allowed = "an int >= 1" if windowed else "0 for full attention"
+            raise ValueError(f"window={self.window!r} of a {self.kind} group is invalid: {allowed}")
+        if type(self.extra_retained_tokens) is not int or self.extra_retained_tokens < 0:
+            raise ValueError(
+                f"extra_retained_tokens={self.extra_retained_tokens!r} is invalid: an int >= 0"
+            )
+        if type(self.eagle) is not bool:
+            raise ValueError(f"eagle={self.eagle!r} is invalid: true or false")
+
+    def window_chunks(self, tokens_per_chunk: int) -> int | None:
+        """Chunks a hit needs before its boundary (`None`: the whole prefix)."""
+        if self.kind == "full":
+            return None
+        if self.kind == "chunked_local":
+            return cdiv(self.window, tokens_per_chunk)
+        return max(
+            cdiv(self.window, tokens_per_chunk),
+            cdiv(self.window - 1 + self.extra_retained_tokens, tokens_per_chunk),
+        )
+
+    def load_window_chunks(self, num_tokens: int, tokens_per_chunk: int) -> int | None:
+        """Chunks a hit ending at `num_tokens` loads: a sliding group's allocation keeps the
+        window ending at the hit, which may reach one chunk further left than the lookup's."""
+        window = self.window_chunks(tokens_per_chunk)
+        if self.kind == "sliding":
+            assert window is not None
+            padding = -num_tokens % tokens_per_chunk
+            window = max(
+                window,
+                cdiv(self.window - 1 + self.extra_retained_tokens + padding, tokens_per_chunk),
+            )
+        return window
+
+
+def prefix_hits(status: npt.NDArray[np.uint8]) -> int | None:
+    """Leading keys present (ready or being stored), or `None` when one of them is being stored
+    (ask again)."""
+    absent = np.flatnonzero(status == _ABSENT)
+    end = int(absent[0]) if absent.size else len(status)
+    if (status[:end] == _PENDING).any():
+        return None
+    return end
+
+
+def window_hits(status: npt.NDArray[np.uint8], window: int, first_window: int) -> int | None:
+    """The end of the last run of `window` present keys, scanning from the end; the run that
+    reaches the end needs `first_window` (a partial rightmost chunk). With no such run, the
+    length of the run that starts at key 0 (0 when key 0 is absent). `None`: the run found has
+    a key being stored."""
+    n = len(status)
+    absent = np.flatnonzero(status == _ABSENT)
+    # Runs of present keys: [start, end) between absent keys, last first.
+    ends = np.append(n, absent[::-1])
+    starts = np.append(absent[::-1] + 1, 0)
+    for i, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        need = first_window if i == 0 else window
+        if end - start >= need:
+            if (status[end - need : end] == _PENDING).any():
+                return None
+            return int(end)
+        if start == 0:
+            if (status[:end] == _PENDING).any():
+                return None
+            return int(end)
+    return 0

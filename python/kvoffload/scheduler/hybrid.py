@@ -1,0 +1,359 @@
+"""`HybridPlanner`: lookups, loads and stores of models with several KV-cache groups.
+
+It decides as vLLM 0.33's `OffloadingConnector` does (`_lookup_complete_chunks`,
+`update_state_after_alloc`, `_build_store_jobs`): full-attention groups are looked up first, then
+window groups by window size, each window group hit only through the chunks its attention reads
+before the boundary, until the hit converges; a hit with a window group stops one token short of
+the request; window groups store only chunks a later hit can reach, and skip chunks whose blocks
+they freed. Block id 0 is the engine's null block (vLLM reserves it): a window group's table holds
+it where the group keeps no KV.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from kvoffload.scheduler.groups import KVGroup, cdiv, prefix_hits, window_hits
+from kvoffload.store import CpuStore, KeyList
+
+NULL_BLOCK = 0
+
+
+@dataclass
+class GroupState:
+    """One group of one request."""
+
+    keys: KeyList = field(default_factory=KeyList)
+    block_ids: list[int] = field(default_factory=list)
+    next_stored: int = 0
+    """Chunks below it were offered to the store (or loaded, or skipped as unreachable)."""
+
+
+@dataclass(frozen=True)
+class GroupSlice:
+    """The part of a job that belongs to one group: `num_slots` of the job's slots (and keys) and
+    `num_blocks` of its GPU blocks, in group order; the group's first block is block
+    `skip_leading_blocks` of its first chunk."""
+
+    group: int
+    num_slots: int
+    num_blocks: int
+    skip_leading_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    keys: list[bytes]
+    positions: list[int]
+    """Each key's place in the request's eviction order (chunk, then group)."""
+    gpu_block_ids: list[int]
+    parts: tuple[GroupSlice, ...]
+    end_chunk: int
+
+
+@dataclass(frozen=True)
+class StoreOffer:
+    keys: list[bytes]
+    positions: list[int]
+    where: list[tuple[int, int]]
+    """(group, chunk) of each key."""
+
+
+class HybridPlanner:
+    def __init__(
+        self,
+        groups: Sequence[KVGroup],
+        tokens_per_block: int,
+        blocks_per_chunk: int,
+        *,
+        retention_interval: int | None = 0,
+    ) -> None:
+        """`retention_interval` is vLLM's `prefix_cache_retention_interval`: `None` keeps a
+        window group's reachable tail at every chunk boundary, 0 only at the prompt's replay
+        boundary (and a shared-prefix junction), `n` once every `n` tokens as well."""
+        self.groups = tuple(groups)
+        if not self.groups:
+            raise ValueError("groups is empty: at least one KV-cache group is needed")
+        self.tpb = tokens_per_block
+        self.bpc = blocks_per_chunk
+        self.tpc = tokens_per_block * blocks_per_chunk
+        if retention_interval is not None and (
+            type(retention_interval) is not int or retention_interval < 0
+        ):
+            raise ValueError(
+                f"retention_interval={retention_interval!r} is invalid: None or an int >= 0"
+            )
+        windowed = [i for i, g in enumerate(self.groups) if g.kind != "full"]
+        if (
+            retention_interval
+            and any(self.groups[i].kind == "sliding" for i in windowed)
+            and retention_interval % self.tpc
+        ):
+            raise ValueError(
+                f"prefix_cache_retention_interval={retention_interval} must be a multiple of "
+                f"the chunk ({self.tpc} tokens) for a model with sliding-window layers"
+            )
+        self.retention_interval = retention_interval
+        self._window = [g.window_chunks(self.tpc) for g in self.groups]
+        full = tuple(i for i, w in enumerate(self._window) if w is None)
+        # Larger windows first (a stable sort: ties keep the group order).
+        sliding = sorted(windowed, key=lambda i: self._window[i] or 0, reverse=True)
+        self._full = full
+        self._sliding = tuple(sliding)
+        self._order = full + self._sliding
+        self.has_window = bool(sliding)
+        self.num_groups = len(self.groups)
+
+    def new_state(self) -> list[GroupState]:
+        return [GroupState() for _ in self.groups]
+
+    def position(self, group: int, chunk: int) -> int:
+        """A key's place in its request's eviction order: vLLM ranks the keys of one position
+        (one per group) by key bytes, so the smaller group index leaves first."""
+        g = self.num_groups
+        return chunk * g + g - 1 - group
+
+    def extend_keys(self, states: list[GroupState], block_hashes: Sequence[bytes]) -> None:
+        for index, state in enumerate(states):
+            state.keys.extend_chunk_keys(block_hashes, self.bpc, index)
+
+    # --- lookups ---------------------------------------------------------------------------------
+
+    def lookup(
+        self,
+        store: CpuStore,
+        states: list[GroupState],
+        num_local: int,
+        num_tokens: int,
+        max_load_tokens: int | None,
+        loads_in_flight: bool,
+    ) -> int | None:
+        """Tokens past `num_local` every group can load (0, or at least a chunk), or `None`: a
+        chunk needed is being stored or loaded (ask again)."""
+        tpc = self.tpc
+        max_hit = num_tokens
+        if max_load_tokens is not None:
+            max_hit = min(max_hit, num_local + max_load_tokens)
+        if self.has_window:
+            # The last prompt token is recomputed for its logits: keep a hit after that.
+            max_hit -= 1
+        num_hit = 0
+        deferred = False
+        pending_groups = self._order
+        eagle_verified: set[int] = set()
+        start = num_local // tpc
+        while pending_groups:
+            looked_up_window = False
+            current, pending_groups = pending_groups, ()
+            for gi in current:
+                group, state = self.groups[gi], states[gi]
+                num_keys = len(state.keys)
+                unverified = group.eagle and gi not in eagle_verified
+                max_hit = min(max_hit, num_keys * tpc)
+                if max_load_tokens is not None:
+                    max_hit = max_hit // tpc * tpc
+                if max_hit - num_local < tpc:
+                    return 0
+                # An EAGLE group's last chunk is volatile: one more is asked and dropped.
+                query_max = min(max_hit + tpc, num_keys * tpc) if unverified else max_hit
+                end = min(cdiv(query_max, tpc), num_keys)
+                status = store.lookup(state.keys.view(start, end)) if end > start else _NONE
+                window = self._window[gi]
+                hits: int | None
+                if window is None:
+                    hits = prefix_hits(status)
+                else:
+                    required = window + int(unverified)
+                    candidate = min(max_hit, (end - int(unverified)) * tpc)
+                    first = group.load_window_chunks(candidate, tpc)
+                    assert first is not None
+                    hits = window_hits(status, required, first + int(unverified))
+                if hits == 0:
+                    return 0
+                if hits is None:
+                    deferred = True
+                else:
+                    if unverified:
+                        hits -= 1
+                        eagle_verified.add(gi)
+                    max_hit = min(max_hit, tpc * (start + hits))
+                new_hit = max_hit - num_local
+                if new_hit < tpc:
+                    return 0
+                if new_hit < num_hit:
+                    if not group.eagle:
+                        eagle_verified.clear()
+                    if deferred:
+                        # Another pass over every group: it may not need to wait any more.
+                        deferred = False
+                        pending_groups = self._order
+                    elif looked_up_window and not pending_groups:
+                        # The window groups already asked must hold at the new boundary too.
+                        pending_groups = self._sliding
+                looked_up_window |= window is not None
+                num_hit = new_hit
+        if deferred:
+            return None
+        if loads_in_flight and self._any_being_loaded(store, states, num_local, num_hit):
+            # They become GPU prefix-cache hits once that load lands (as vLLM waits).
+            return None
+        return num_hit
+
+    def _any_being_loaded(
+        self, store: CpuStore, states: list[GroupState], num_local: int, num_hit: int
+    ) -> bool:
+        tpc = self.tpc
+        end_tokens = num_local + num_hit
+        start, end = num_local // tpc, cdiv(end_tokens, tpc)
+        for group, state in zip(self.groups, states, strict=True):
+            first = start
+            window = group.load_window_chunks(end_tokens, tpc)
+            if window is not None:
+                first = max(start, end - window)
+            if end > first and store.first_pinned(state.keys.view(first, end)) < end - first:
+                return True
+        return False
+
+    # --- loads -----------------------------------------------------------------------------------
+
+    def plan_load(
+        self,
+        states: list[GroupState],
+        tables: Sequence[Sequence[int]],
+        num_local: int,
+        loadable: int,
+    ) -> LoadPlan:
+        """The load of `loadable` tokens past `num_local`: per group the blocks from its first
+        non-null one past the local prefix (a window group allocates only its window) to the
+        hit's end. Raises ValueError when a table is too short."""
+        tpb, tpc, bpc = self.tpb, self.tpc, self.bpc
+        num_cached = num_local + loadable
+        num_blocks = cdiv(num_cached, tpb)
+        end_chunk = cdiv(num_cached, tpc)
+        first_fresh = cdiv(num_local, tpb)
+        keys: list[bytes] = []
+        positions: list[int] = []
+        blocks: list[int] = []
+        parts: list[GroupSlice] = []
+        for gi, (state, table) in enumerate(zip(states, tables, strict=True)):
+            if len(table) < num_blocks:
+                raise ValueError(
+                    f"block_ids of group {gi} has {len(table)} blocks; the load of {loadable} "
+                    f"tokens needs {num_blocks}"
+                )
+            start = next(
+                (i for i in range(first_fresh, num_blocks) if table[i] != NULL_BLOCK), num_blocks
+            )
+            if start == num_blocks:
+                continue
+            first_chunk = start // bpc
+            keys.extend(state.keys.view(first_chunk, end_chunk).to_list())
+            positions.extend(self.position(gi, c) for c in range(first_chunk, end_chunk))
+            blocks.extend(table[start:num_blocks])
+            parts.append(GroupSlice(gi, end_chunk - first_chunk, num_blocks - start, start % bpc))
+        return LoadPlan(keys, positions, blocks, tuple(parts), end_chunk)
+
+    # --- stores ----------------------------------------------------------------------------------
+
+    def storable(
+        self, group: KVGroup, state: GroupState, offloadable: int, decoding: bool, finished: bool
+    ) -> int:
+        n = offloadable // self.tpc
+        if group.eagle and decoding and not finished:
+            # The draft KV of the last accepted position may be rewritten after a rejection.
+            n = max(0, n - 1)
+        return min(n, len(state.block_ids) // self.bpc, len(state.keys))
+
+    def offer(
+        self,
+        states: list[GroupState],
+        offloadable: int,
+        decoding: bool,
+        finished: bool,
+        boundaries: Sequence[int],
+    ) -> tuple[StoreOffer, list[int]]:
+        """The chunks to offer the store, and each group's storable end. A window group offers
+        only chunks with a block a later hit can reach, and none whose reachable blocks it has
+        already freed (null)."""
+        bpc = self.bpc
+        keys: list[bytes] = []
+        positions: list[int] = []
+        where: list[tuple[int, int]] = []
+        ends: list[int] = []
+        for gi, (group, state) in enumerate(zip(self.groups, states, strict=True)):
+            n = self.storable(group, state, offloadable, decoding, finished)
+            ends.append(n)
+            start = state.next_stored
+            if n <= start:
+                continue
+            table = np.asarray(state.block_ids[start * bpc : n * bpc], dtype=np.int64)
+            chunks = table.reshape(-1, bpc)
+            mask = self.reachable(group, start * bpc, n * bpc, boundaries)
+            ok = chunks[:, -1] != NULL_BLOCK
+            if mask is not None:
+                reach = mask.reshape(-1, bpc)
+                ok &= reach.any(axis=1) & ~((chunks == NULL_BLOCK) & reach).any(axis=1)
+            else:
+                ok &= (chunks != NULL_BLOCK).all(axis=1)
+            chosen = (np.flatnonzero(ok) + start).tolist()
+            if not chosen:
+                continue
+            all_keys = state.keys.view(start, n).to_list()
+            keys.extend(all_keys[c - start] for c in chosen)
+            positions.extend(self.position(gi, c) for c in chosen)
+            where.extend((gi, c) for c in chosen)
+        return StoreOffer(keys, positions, where), ends
+
+    def reachable(
+        self, group: KVGroup, start_block: int, end_block: int, boundaries: Sequence[int]
+    ) -> npt.NDArray[np.bool_] | None:
+        """vLLM's `reachable_block_mask` of a window group for blocks `[start, end)`, `None`
+        when every block is reachable. The lookup's boundaries are chunk-aligned (the full
+        attention chunk), which is what a window group's tail is kept at."""
+        if group.kind != "sliding":
+            return None
+        tpb, tpc = self.tpb, self.tpc
+        # Offloading restores all allocated history, the re-prefill tokens included.
+        need = cdiv(group.window + group.extra_retained_tokens - 1, tpb) + int(group.eagle)
+        shift = int(group.eagle)
+        mask = np.zeros(end_block - start_block, dtype=np.bool_)
+        interval = self.retention_interval
+        segment = tpc if interval is None else (interval or None)
+        if segment is not None:
+            per_segment = segment // tpb
+            if need >= per_segment:
+                return None
+            index = np.arange(start_block, end_block)
+            mask |= (index >= shift) & ((index - shift) % per_segment >= per_segment - need)
+        if interval is not None:
+            for boundary in boundaries:
+                end = boundary // tpc * tpc // tpb + shift
+                lo, hi = max(start_block, end - need), min(end_block, end)
+                if lo < hi:
+                    mask[lo - start_block : hi - start_block] = True
+        return mask
+
+    def drop_reallocated(
+        self, states: list[GroupState], ends: Sequence[int] | None, realloc: set[int]
+    ) -> None:
+        """A window group frees blocks behind its window while the request runs: ids of them the
+        engine handed out again (`realloc`) no longer hold this request's KV, so the chunks not
+        yet offered must not read them. `ends`: each window group's table length before this
+        step's new blocks (`None`: the whole table)."""
+        bpc = self.bpc
+        for k, gi in enumerate(self._sliding):
+            state = states[gi]
+            end = len(state.block_ids) if ends is None else ends[k]
+            for j in range(state.next_stored * bpc, end):
+                if state.block_ids[j] in realloc:
+                    state.block_ids[j] = NULL_BLOCK
+
+    def window_groups(self) -> tuple[int, ...]:
+        return self._sliding
+
+
+_NONE: npt.NDArray[np.uint8] = np.empty(0, dtype=np.uint8)
