@@ -8,6 +8,13 @@ byte for byte, every position the request claims to have (local prefix, loaded o
 earlier): a wrong or missing load fails the step.
 
 GPU block size 4 tokens, 12-token chunks (3 blocks), 2 layers; block ids are vLLM's own.
+
+`geometry="full+swa"` builds a hybrid model the way vLLM plans one with its hybrid KV-cache
+manager on: 4 layers, 0 and 2 sliding-window (group 0), 1 and 3 full attention (group 1), each
+layer of one group sharing its memory with one of the other. `"full+swa+draft"` adds an EAGLE
+draft layer (full attention, group 2). The fake forward pass then checks, per group, what that
+group's attention reads: every earlier position for full attention, the last `window - 1` for a
+sliding window.
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ from vllm.config import (
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_planning import (
+    get_global_kv_cache_groups,
+    get_kv_cache_config_from_groups,
+)
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -40,7 +51,9 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    KVCacheSpec,
     KVCacheTensor,
+    SlidingWindowSpec,
 )
 from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
@@ -150,8 +163,15 @@ class Rig:
     scheduled: list[dict[str, int]] = field(default_factory=list)
     checked_positions: dict[str, int] = field(default_factory=dict)
     before_worker: Callable[[Rig, SchedulerOutput], None] | None = None
+    layer_groups: list[list[int]] = field(default_factory=lambda: [list(range(NUM_LAYERS))])
+    """Per KV-cache group, the indices (into `kv_caches`) of its layers."""
+    windows: list[int | None] = field(default_factory=lambda: [None])
+    """Per group, its sliding window (None: full attention)."""
+    stored_keys: list[bytes] = field(default_factory=list)
+    """Every key a store job wrote, in job order, whichever seam."""
+    loaded_keys: dict[str, list[bytes]] = field(default_factory=dict)
     _pending: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
-    _tables: dict[str, list[int]] = field(default_factory=dict)
+    _tables: dict[str, tuple[list[int], ...]] = field(default_factory=dict)
 
     # --- requests -------------------------------------------------------------------------------
 
@@ -281,7 +301,9 @@ class Rig:
         self.scheduled.append(dict(so.num_scheduled_tokens))
         if hasattr(meta, "stores"):  # KVOffloadConnector
             stores = [(j.request_id, j.job_id, j.gpu_block_ids) for j in meta.stores]
+            self.stored_keys.extend(k for j in meta.stores for k in j.keys)
             for job in meta.loads:
+                self.loaded_keys.setdefault(job.request_id, []).extend(job.keys)
                 self.loads.append(
                     LoadRecord(
                         job.request_id,
@@ -293,27 +315,35 @@ class Rig:
                 )
         else:  # vLLM's OffloadingConnector
             stores = [(j.req_id, i, j.src_spec.block_ids) for i, j in meta.store_jobs.items()]
-            for job in meta.load_jobs.values():
-                (first,) = job.dst_spec.block_indices
+            jobs = self.connector.connector_scheduler._jobs
+            self.stored_keys.extend(k for i in meta.store_jobs for k in sorted(jobs[i].keys))
+            for i, job in meta.load_jobs.items():
+                self.loaded_keys.setdefault(job.req_id, []).extend(sorted(jobs[i].keys))
+                first = job.dst_spec.block_indices[-1]
                 ids = [int(b) for b in job.dst_spec.block_ids]
                 self.loads.append(
                     LoadRecord(
                         job.req_id, ids, first // self.bpc, first % self.bpc, len(ids) * self.tpb
                     )
                 )
+        if len(self.layer_groups) > 1:
+            return  # block offsets are recorded for one-group models only
         for rid, job_id, blocks in stores:
-            table = self._table(rid)
+            (table,) = self._tables_of(rid)
             self.stores.append(
                 StoreRecord(self.step, rid, job_id, [table.index(int(b)) for b in blocks])
             )
 
-    def _table(self, rid: str) -> list[int]:
-        """The request's block table; for a finished request (vLLM may still hold its blocks
-        for a store), the last one it had."""
-        table = list(self.scheduler.kv_cache_manager.get_block_ids(rid)[0])
-        if table:
-            self._tables[rid] = table
+    def _tables_of(self, rid: str) -> tuple[list[int], ...]:
+        """The request's block tables, one per group; for a finished request (vLLM may still
+        hold its blocks for a store), the last ones it had."""
+        tables = tuple(map(list, self.scheduler.kv_cache_manager.get_block_ids(rid)))
+        if any(tables):
+            self._tables[rid] = tables
         return self._tables[rid]
+
+    def _table(self, rid: str) -> list[int]:
+        return self._tables_of(rid)[0]
 
     def _forward(self, so: SchedulerOutput) -> tuple[list[str], list[list[int]]]:
         req_ids, sampled = [], []
@@ -323,11 +353,11 @@ class Rig:
             start = request.num_computed_tokens - n
             tokens = self.tokens[rid]
             if self.verify:
-                table = self._table(rid)
+                tables = self._tables_of(rid)
                 hashes = prefix_hashes(tokens)
-                self._check(rid, table, hashes, start)
+                self._check(rid, tables, hashes, start)
                 for pos in range(start, start + n):
-                    self._write(table, pos, hashes[pos])
+                    self._write(tables, pos, hashes[pos])
             req_ids.append(rid)
             if start + n >= len(tokens):
                 tok = next_token(tokens)
@@ -340,20 +370,29 @@ class Rig:
     def _slot(self, t: torch.Tensor, table: list[int], pos: int) -> torch.Tensor:
         return t[table[pos // self.tpb], :, pos % self.tpb].view(torch.int16)
 
-    def _write(self, table: list[int], pos: int, h: int) -> None:
-        for layer, t in enumerate(self.kv_caches.values()):
-            self._slot(t, table, pos).fill_(kv_value(h, layer))
+    def _write(self, tables: tuple[list[int], ...], pos: int, h: int) -> None:
+        layers = list(self.kv_caches.values())
+        for table, members in zip(tables, self.layer_groups, strict=True):
+            assert table[pos // self.tpb] != 0, f"position {pos} is computed into the null block"
+            for layer in members:
+                self._slot(layers[layer], table, pos).fill_(kv_value(h, layer))
 
-    def _check(self, rid: str, table: list[int], hashes: list[int], upto: int) -> None:
-        for pos in range(upto):
-            for layer, t in enumerate(self.kv_caches.values()):
-                got = self._slot(t, table, pos)
-                want = kv_value(hashes[pos], layer)
-                if not bool((got == want).all()):
-                    raise AssertionError(
-                        f"step {self.step}: request {rid} position {pos} (block "
-                        f"{table[pos // self.tpb]}) layer {layer} holds wrong KV"
-                    )
+    def _check(self, rid: str, tables: tuple[list[int], ...], hashes: list[int], upto: int) -> None:
+        """What each group's attention reads before computing position `upto`: every earlier
+        position, or a sliding window's last `window - 1`."""
+        layers = list(self.kv_caches.values())
+        for g, (table, members) in enumerate(zip(tables, self.layer_groups, strict=True)):
+            window = self.windows[g]
+            first = 0 if window is None else max(0, upto - (window - 1))
+            for pos in range(first, upto):
+                for layer in members:
+                    got = self._slot(layers[layer], table, pos)
+                    want = kv_value(hashes[pos], layer)
+                    if not bool((got == want).all()):
+                        raise AssertionError(
+                            f"step {self.step}: request {rid} position {pos} (group {g}, block "
+                            f"{table[pos // self.tpb]}) layer {layer} holds wrong KV"
+                        )
         self.checked_positions[rid] = max(self.checked_positions.get(rid, 0), upto)
 
 
@@ -373,6 +412,8 @@ def make_rig(
     verify: bool = True,
     vllm_worker: Callable[..., Any] | None = None,
     max_model_len: int = 2048,
+    geometry: str = "full",
+    window: int = 20,
 ) -> Rig:
     """A scheduler and one worker with `connector`: "kvoffload" (ours), "spec" (vLLM's
     OffloadingConnector with our KVOffloadSpec: our manager and copy worker), or "vllm" (vLLM's
@@ -380,6 +421,7 @@ def make_rig(
     for its CUDA-only copy worker)."""
     tpb = tokens_per_block
     page_bytes = 2 * tpb * NUM_KV_HEADS * HEAD_SIZE * 2
+    # One block of each group shares its memory with the other groups' (vLLM's hybrid layout).
     chunk_bytes = page_bytes * NUM_LAYERS * (chunk_tokens // tpb)
     extra_config: dict[str, Any] = {
         "cpu_bytes_to_use": cpu_chunks * chunk_bytes,
@@ -434,6 +476,10 @@ def make_rig(
     )
     vllm_config.scheduler_config.async_scheduling = is_async
     vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
+    if geometry != "full":
+        return _hybrid_rig(
+            vllm_config, geometry, window, num_gpu_blocks, connector, vllm_worker, is_async, verify
+        )
     kv_cache_config = KVCacheConfig(
         num_blocks=num_gpu_blocks,
         # One backing allocation, layer after layer, as vLLM describes it.
@@ -480,6 +526,97 @@ def make_rig(
         worker.register_kv_caches(kv_caches)
     bpc = chunk_tokens // tpb
     return Rig(scheduler, worker, kv_caches, vllm_config, is_async, tpb=tpb, verify=verify, bpc=bpc)
+
+
+def _hybrid_specs(geometry: str, tpb: int, window: int) -> dict[str, KVCacheSpec]:
+    args = {"block_size": tpb, "num_kv_heads": NUM_KV_HEADS, "head_size": HEAD_SIZE}
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(NUM_LAYERS * 2):
+        name = f"model.layers.{i}.self_attn.attn"
+        if i % 2 == 0:
+            specs[name] = SlidingWindowSpec(**args, dtype=torch.float16, sliding_window=window)
+        else:
+            specs[name] = FullAttentionSpec(**args, dtype=torch.float16)
+    if geometry == "full+swa+draft":
+        specs["drafter.layers.0.self_attn.attn"] = FullAttentionSpec(
+            **args, dtype=torch.float16, is_draft=True
+        )
+    elif geometry != "full+swa":
+        raise ValueError(f"geometry={geometry!r}; allowed: full, full+swa, full+swa+draft")
+    return specs
+
+
+def _hybrid_rig(
+    vllm_config: VllmConfig,
+    geometry: str,
+    window: int,
+    num_gpu_blocks: int,
+    connector: str,
+    vllm_worker: Callable[..., Any] | None,
+    is_async: bool,
+    verify: bool,
+) -> Rig:
+    """The hybrid KV-cache manager on (as `VllmConfig` sets it on a GPU), vLLM's own planner
+    grouping the layers and placing them in one allocation, and per-layer views of it."""
+    tpb = vllm_config.cache_config.block_size
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    vllm_config.cache_config.kv_cache_layout = "LBNHC"
+    specs = _hybrid_specs(geometry, tpb, window)
+    groups = get_global_kv_cache_groups(vllm_config, [specs])
+    page = next(iter(specs.values())).page_size_bytes
+    per_block = page * max(len(g.layer_names) for g in groups)
+    kv_cache_config = get_kv_cache_config_from_groups(
+        vllm_config, groups, per_block * num_gpu_blocks
+    )
+    assert kv_cache_config.num_blocks == num_gpu_blocks, kv_cache_config
+    cls = AsyncScheduler if is_async else Scheduler
+    scheduler = cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=tpb,
+        log_stats=True,
+    )
+    raw = torch.zeros(kv_cache_config.kv_cache_tensors[0].size, dtype=torch.uint8)
+    views: dict[str, torch.Tensor] = {}
+    for tensor in kv_cache_config.kv_cache_tensors:
+        assert tensor.block_stride == page
+        for i, name in enumerate(tensor.layers):
+            start = tensor.offset + i * tensor.layer_stride
+            region = raw[start : start + num_gpu_blocks * page]
+            views[name] = region.view(torch.float16).view(
+                num_gpu_blocks, 2, tpb, NUM_KV_HEADS, HEAD_SIZE
+            )
+    kv_caches = {name: views[name] for name in specs}
+    names = list(specs)
+    layer_groups = [
+        [names.index(n) for n in g.layer_names] for g in kv_cache_config.kv_cache_groups
+    ]
+    windows = [
+        getattr(g.kv_cache_spec, "sliding_window", None) for g in kv_cache_config.kv_cache_groups
+    ]
+    worker = KVConnectorFactory.create_connector(
+        config=vllm_config, role=KVConnectorRole.WORKER, kv_cache_config=kv_cache_config
+    )
+    if connector == "vllm":
+        assert vllm_worker is not None, "vLLM's own copy worker needs CUDA: pass vllm_worker"
+        spec = worker.connector_worker.spec
+        spec.get_worker = lambda canonical: vllm_worker(canonical, spec)
+    with set_current_vllm_config(vllm_config):
+        worker.register_kv_caches(kv_caches)
+    bpc = vllm_config.kv_transfer_config.kv_connector_extra_config["block_size"] // tpb
+    return Rig(
+        scheduler,
+        worker,
+        kv_caches,
+        vllm_config,
+        is_async,
+        tpb=tpb,
+        verify=verify,
+        bpc=bpc,
+        layer_groups=layer_groups,
+        windows=windows,
+    )
 
 
 class NoCopyWorker(OffloadingWorker):

@@ -8,10 +8,18 @@ from typing import ClassVar
 import pytest
 import torch
 from rig import make_rig, prompt
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.outputs import KVConnectorOutput
 
 from kvoffload import ConfigError, NotSupportedError
+from kvoffload.scheduler import KVGroup
 from kvoffload.vllm import KVOffloadConnector, KVOffloadStats
 from kvoffload.vllm.metadata import KVOffloadWorkerMetadata
 from kvoffload.vllm.settings import ConnectorSettings
@@ -36,16 +44,65 @@ def test_bad_config_stops_start_up_naming_the_key(model_dir, extra, match):
         make_rig(model_dir, extra=extra)
 
 
-def test_a_hybrid_model_is_refused_with_the_seam_to_use(model_dir):
-    rig = make_rig(model_dir)
-    spec = FullAttentionSpec(block_size=4, num_kv_heads=2, head_size=32, dtype=torch.float16)
-    two_groups = KVCacheConfig(
+def _groups(*specs: object) -> KVCacheConfig:
+    return KVCacheConfig(
         num_blocks=64,
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["a"], spec), KVCacheGroupSpec(["b"], spec)],
+        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)],  # type: ignore[arg-type]
     )
-    with pytest.raises(NotSupportedError, match=r"2 .*vLLM's OffloadingConnector"):
-        ConnectorSettings.from_vllm(rig.vllm_config, two_groups)
+
+
+_FULL = {"num_kv_heads": 2, "head_size": 32, "dtype": torch.float16}
+
+
+def test_hybrid_groups_are_planned_as_vllm_plans_them(model_dir):
+    rig = make_rig(model_dir)
+    config = _groups(
+        SlidingWindowSpec(block_size=4, sliding_window=20, **_FULL),
+        FullAttentionSpec(block_size=4, **_FULL),
+        ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=32, **_FULL),
+    )
+    settings = ConnectorSettings.from_vllm(rig.vllm_config, config)
+    assert settings.groups == (
+        KVGroup("sliding", 20),
+        KVGroup("full"),
+        KVGroup("chunked_local", 32),
+    )
+    assert settings.group_layers == (("l0",), ("l1",), ("l2",))
+
+
+@pytest.mark.parametrize(
+    ("specs", "match"),
+    [
+        (
+            (
+                FullAttentionSpec(block_size=4, **_FULL),
+                MambaSpec(block_size=4, shapes=((4, 8),), dtypes=(torch.float16,)),
+            ),
+            r"group 1 \(MambaSpec\) cannot be offloaded .*Mamba.* not supported yet",
+        ),
+        (
+            (FullAttentionSpec(block_size=4, **_FULL), FullAttentionSpec(block_size=8, **_FULL)),
+            r"block sizes \[4, 8\]",
+        ),
+    ],
+)
+def test_a_hybrid_model_we_cannot_offload_is_refused_naming_its_group(model_dir, specs, match):
+    rig = make_rig(model_dir)
+    with pytest.raises(NotSupportedError, match=match):
+        ConnectorSettings.from_vllm(rig.vllm_config, _groups(*specs))
+
+
+def test_a_shared_tier_is_refused_for_a_hybrid_model(model_dir):
+    rig = make_rig(model_dir)
+    tier = {"type": "RedisTier", "url": "redis://127.0.0.1:1/0", "namespace": "m@1"}
+    rig.vllm_config.kv_transfer_config.kv_connector_extra_config["secondary_tiers"] = [tier]
+    config = _groups(
+        SlidingWindowSpec(block_size=4, sliding_window=20, **_FULL),
+        FullAttentionSpec(block_size=4, **_FULL),
+    )
+    with pytest.raises(NotSupportedError, match="secondary_tiers is not supported for hybrid"):
+        ConnectorSettings.from_vllm(rig.vllm_config, config)
 
 
 def test_tier_is_split_over_workers(model_dir):

@@ -16,6 +16,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
-class KVOffloadConnector(KVConnectorBase_V1):
+class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
     _cache_hit_source = CacheHitSource.HOST
 
     def __init__(
@@ -90,6 +91,12 @@ class KVOffloadConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        return self._sched().request_finished(request), None
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        # With the hybrid KV-cache manager: holds every group's blocks while stores read them.
         return self._sched().request_finished(request), None
 
     def take_events(self) -> Iterable[KVCacheEvent]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.utils import yield_req_data
@@ -61,7 +61,14 @@ class SchedulerSide:
             remote=lookups,
             world_size=settings.world_size,
             remote_locality=settings.remote_locality,
+            groups=settings.groups if settings.hybrid else None,
+            retention_interval=settings.retention_interval,
         )
+        self._hybrid = settings.hybrid
+        # Window groups free blocks behind their window while a request runs: blocks handed out
+        # again in a step are not read by the stores still to plan, and fence the ones in flight.
+        self._watch_reallocation = any(g.kind != "full" for g in settings.groups)
+        self._allocated_blocks: set[int] = set()
         self._requests: dict[str, Request] = {}
         self._reports = KVOffloadWorkerMetadata()
         """Jobs some but not all workers reported."""
@@ -114,7 +121,11 @@ class SchedulerSide:
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        (block_ids,) = blocks.get_block_ids()
+        tables = blocks.get_block_ids()
+        if self._watch_reallocation:
+            for table in tables:
+                self._allocated_blocks.update(table)
+        block_ids = tables if self._hybrid else tables[0]
         load = self.scheduler.on_allocated(request.request_id, block_ids, num_external_tokens)
         self._allocated.add(request.request_id)
         if load is not None:
@@ -134,18 +145,36 @@ class SchedulerSide:
         self._allocated = set()
         # Requests in vLLM's order (running, then new), so that the store decides as vLLM's does.
         blocks = {rid: (g, full) for rid, g, full in yield_req_data(scheduler_output)}
+        allocated, self._allocated_blocks = self._allocated_blocks, set()
         updates = []
         for rid, num_scheduled in scheduler_output.num_scheduled_tokens.items():
             request = self._requests[rid]
             groups, full_table = blocks[rid]
             # New and resumed requests handed over their whole table in update_state_after_alloc.
-            new_blocks = groups[0] if groups and not full_table else ()
+            new_blocks: Any = ()
+            if groups and not full_table:
+                new_blocks = groups if self._hybrid else groups[0]
+                if self._watch_reallocation:
+                    for table in groups:
+                        allocated.update(table)
             # Speculative drafts are scheduled past num_tokens; their KV may be rejected.
             computed = min(request.num_computed_tokens + num_scheduled, request.num_tokens)
             updates.append(
-                RequestUpdate(rid, computed, request.num_tokens, new_blocks, request.block_hashes)
+                RequestUpdate(
+                    rid,
+                    computed,
+                    request.num_tokens,
+                    new_blocks,
+                    request.block_hashes,
+                    request.shared_prefix_boundary,
+                )
             )
-        step = self.scheduler.plan_step(updates)
+        if self._watch_reallocation:
+            for copy in scheduler_output.kv_cache_block_copies or ():
+                allocated.add(copy.dst_block_id)
+            allocated.discard(0)  # the null block
+        step = self.scheduler.plan_step(updates, allocated)
+        flush.extend(step.flush_job_ids)
         stores = step.store_jobs
         finals = [
             (rid, self._finishing.pop(rid))
@@ -157,7 +186,7 @@ class SchedulerSide:
         meta = KVOffloadMetadata(
             loads=self._loads,
             stores=stores,
-            flush_job_ids=sorted(flush),
+            flush_job_ids=sorted(set(flush)),
             held_request_ids=self._held,
             promotions=step.promote_jobs,
             cascades=step.cascade_jobs,
@@ -218,7 +247,13 @@ class SchedulerSide:
         else:
             # The last sampled token never had its KV computed.
             computed = max(request.num_prompt_tokens, request.num_tokens - 1)
-        final = RequestUpdate(rid, computed, request.num_tokens, block_hashes=request.block_hashes)
+        final = RequestUpdate(
+            rid,
+            computed,
+            request.num_tokens,
+            block_hashes=request.block_hashes,
+            shared_prefix_boundary=request.shared_prefix_boundary,
+        )
         self._finishing[rid] = final
         # A request still loading is waiting for its KV: vLLM holds its blocks until the load is
         # reported in finished_recving, and would free them twice if we held them too.
@@ -229,20 +264,26 @@ class SchedulerSide:
 
     def take_events(self) -> Iterator[KVCacheEvent]:
         for event in self.scheduler.store.take_events():
-            hashes = [maybe_convert_block_hash(BlockHash(k[:-_GROUP_SUFFIX])) for k in event.keys]
-            if event.kind == "stored":
-                yield BlockStored(
-                    block_hashes=hashes,
-                    parent_block_hash=None,
-                    token_ids=[],
-                    block_size=0,
-                    lora_id=None,
-                    medium="CPU",
-                    lora_name=None,
-                    group_idx=0,
+            by_group: dict[int, list[Any]] = {}
+            for k in event.keys:
+                group = int.from_bytes(k[-_GROUP_SUFFIX:], "big")
+                by_group.setdefault(group, []).append(
+                    maybe_convert_block_hash(BlockHash(k[:-_GROUP_SUFFIX]))
                 )
-            else:
-                yield BlockRemoved(block_hashes=hashes, medium="CPU", group_idx=0)
+            for group, hashes in sorted(by_group.items()):
+                if event.kind == "stored":
+                    yield BlockStored(
+                        block_hashes=hashes,
+                        parent_block_hash=None,
+                        token_ids=[],
+                        block_size=0,
+                        lora_id=None,
+                        medium="CPU",
+                        lora_name=None,
+                        group_idx=group,
+                    )
+                else:
+                    yield BlockRemoved(block_hashes=hashes, medium="CPU", group_idx=group)
 
     def get_stats(self) -> KVOffloadStats | None:
         now = self.scheduler.stats()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvoffload.errors import ConfigError, NotSupportedError
 from kvoffload.remote import RemoteTierConfig, TierIdentity
-from kvoffload.scheduler import OffloadConfig
+from kvoffload.scheduler import KVGroup, OffloadConfig
 from kvoffload.vllm.pinning import Pinning
 
 if TYPE_CHECKING:
@@ -34,6 +34,16 @@ class ConnectorSettings:
     """Rank 0's identity; each worker's shard is keyed under its own rank's digest."""
     pinning: Pinning = field(default_factory=Pinning)
     """How each worker prepares its CPU pool (`pin_in_background` and its companions)."""
+    groups: tuple[KVGroup, ...] = (KVGroup(),)
+    """The model's KV-cache groups, in vLLM's group order (hybrid models have several)."""
+    retention_interval: int | None = 0
+    """vLLM's `prefix_cache_retention_interval`: where sliding-window groups keep a hit's KV."""
+    group_layers: tuple[tuple[str, ...], ...] = ()
+    """Each group's layer names (a worker copies a group's blocks only in its layers)."""
+
+    @property
+    def hybrid(self) -> bool:
+        return self.groups != (KVGroup(),)
 
     @property
     def bytes_per_chunk(self) -> int:
@@ -47,14 +57,15 @@ class ConnectorSettings:
         transfer = vllm_config.kv_transfer_config
         assert transfer is not None  # vLLM builds connectors only when it is set
         groups = kv_cache_config.kv_cache_groups
-        if len(groups) != 1:
-            raise NotSupportedError(
-                f"KVOffloadConnector supports models with one KV-cache group; this one has "
-                f"{len(groups)} (a hybrid model). Use vLLM's OffloadingConnector for it."
-            )
+        kv_groups = kv_groups_of(kv_cache_config)
         spec = groups[0].kv_cache_spec
         extra = dict(transfer.kv_connector_extra_config or {})
         tier = _secondary_tier(extra.pop("secondary_tiers", None))
+        if tier is not None and len(kv_groups) > 1:
+            raise NotSupportedError(
+                f"secondary_tiers is not supported for hybrid models yet (this one has "
+                f"{len(kv_groups)} KV-cache groups); remove it to offload to the CPU tier only"
+            )
         pinning = Pinning.from_extra(extra)
         if "tokens_per_block" in extra:
             raise ConfigError(
@@ -108,12 +119,69 @@ class ConnectorSettings:
             remote_locality="REMOTE" if tier is None else tier[1],
             remote_identity=identity,
             pinning=pinning,
+            groups=kv_groups,
+            retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
+            group_layers=tuple(tuple(g.layer_names) for g in groups),
         )
 
     def shard_digest(self, rank: int) -> bytes:
         """The namespace digest of one worker's shard of every chunk."""
         assert self.remote_identity is not None
         return dataclasses.replace(self.remote_identity, rank=rank).digest()
+
+
+def kv_groups_of(kv_cache_config: KVCacheConfig) -> tuple[KVGroup, ...]:
+    """vLLM's KV-cache groups as the scheduler plans them, or NotSupportedError naming the
+    group that cannot be offloaded."""
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        CrossAttentionSpec,
+        FullAttentionSpec,
+        SinkFullAttentionSpec,
+        SlidingWindowSpec,
+        UniformTypeKVCacheSpecs,
+    )
+
+    groups = kv_cache_config.kv_cache_groups
+    if not groups:
+        raise NotSupportedError("this model has no KV cache: there is nothing to offload")
+    out: list[KVGroup] = []
+    sizes = set()
+    for index, group in enumerate(groups):
+        spec = group.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            spec = next(iter(spec.kv_cache_specs.values()))
+        sizes.add(spec.block_size)
+        if not getattr(spec, "prefix_cacheable", True):
+            raise NotSupportedError(
+                f"KV-cache group {index} ({type(spec).__name__}) is not prefix-cacheable: "
+                "KVOffloadConnector offloads only groups the GPU prefix cache can reuse"
+            )
+        eagle = bool(getattr(group, "is_eagle_group", False))
+        kind = type(spec).__name__
+        if isinstance(spec, SlidingWindowSpec):
+            out.append(
+                KVGroup("sliding", spec.sliding_window, spec.extra_retained_tokens, eagle=eagle)
+            )
+        elif isinstance(spec, ChunkedLocalAttentionSpec):
+            out.append(KVGroup("chunked_local", spec.attention_chunk_size, eagle=eagle))
+        elif isinstance(spec, FullAttentionSpec) and not isinstance(
+            spec, (SinkFullAttentionSpec, CrossAttentionSpec)
+        ):
+            out.append(KVGroup(eagle=eagle))
+        else:
+            hint = " (Mamba/linear attention is not supported yet)" if "Mamba" in kind else ""
+            raise NotSupportedError(
+                f"KV-cache group {index} ({kind}) cannot be offloaded by KVOffloadConnector"
+                f"{hint}; supported: full, sliding-window and chunked-local attention. Use "
+                "vLLM's OffloadingConnector for this model"
+            )
+    if len(sizes) > 1:
+        raise NotSupportedError(
+            f"the KV-cache groups have block sizes {sorted(sizes)}: KVOffloadConnector needs "
+            "one block size for all groups"
+        )
+    return tuple(out)
 
 
 _LOCALITIES = ("LOCAL", "REMOTE")

@@ -11,7 +11,7 @@ import torch
 from kvoffload.errors import ConfigError
 from kvoffload.remote import RemoteClient, ShardIO
 from kvoffload.scheduler import LoadJob, StoreJob
-from kvoffload.transfer import TransferEngine
+from kvoffload.transfer import JobPart, TransferEngine
 from kvoffload.vllm.metadata import KVOffloadMetadata, KVOffloadWorkerMetadata
 from kvoffload.vllm.settings import ConnectorSettings
 
@@ -64,6 +64,8 @@ class WorkerSide:
         self._cascaded: dict[int, tuple[int, int, int]] = {}
         self.rank = 0
         self._reported_usable = -1
+        self._segments: list[list[int] | None] = []
+        """Per KV-cache group, the layout segments of its layers (None: all of them)."""
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
         # Layers that share one tensor (KV sharing) are copied once.
@@ -99,9 +101,24 @@ class WorkerSide:
                 self.settings.num_slots,
                 self.engine.chunk_bytes,
             )
+        self._segments = self._group_segments(self.engine, kv_caches)
         self.rank = worker_rank()
         if self.settings.remote is not None:
             self.remote = self._connect(self.engine)
+
+    def _group_segments(
+        self, engine: TransferEngine, kv_caches: dict[str, torch.Tensor]
+    ) -> list[list[int] | None]:
+        """With the hybrid KV-cache manager each layer of a group shares its memory with one
+        layer of every other group; a group with fewer layers uses only some of the tensors."""
+        if not self.settings.hybrid:
+            return []
+        everything = list(range(engine.layout.num_segments))
+        out: list[list[int] | None] = []
+        for layers in self.settings.group_layers:
+            segments = engine.layout.segments_of_tensors(kv_caches[name] for name in layers)
+            out.append(None if segments == everything else segments)
+        return out
 
     def _connect(self, engine: TransferEngine) -> ShardIO:
         """This worker's shard of every chunk in the shared tier, under its rank's digest."""
@@ -209,7 +226,13 @@ class WorkerSide:
     def _submit(self, job: LoadJob | StoreJob) -> None:
         engine = self._engine()
         try:
-            if isinstance(job, LoadJob):
+            if job.parts:
+                parts = self._parts(job)
+                if isinstance(job, LoadJob):
+                    engine.submit_load_parts(job.job_id, parts)
+                else:
+                    engine.submit_store_parts(job.job_id, parts)
+            elif isinstance(job, LoadJob):
                 engine.submit_load(
                     job.job_id, job.slots, job.gpu_block_ids, job.skip_leading_blocks
                 )
@@ -223,6 +246,22 @@ class WorkerSide:
             self._record(job, ok=False)
             return
         self._jobs[job.job_id] = job
+
+    def _parts(self, job: LoadJob | StoreJob) -> list[JobPart]:
+        parts = []
+        slot, block = 0, 0
+        for part in job.parts:
+            parts.append(
+                JobPart(
+                    job.slots[slot : slot + part.num_slots],
+                    job.gpu_block_ids[block : block + part.num_blocks],
+                    part.skip_leading_blocks,
+                    self._segments[part.group],
+                )
+            )
+            slot += part.num_slots
+            block += part.num_blocks
+        return parts
 
     def _record(self, job: LoadJob | StoreJob, ok: bool) -> None:
         self._results[job.job_id] = (1, ok)
