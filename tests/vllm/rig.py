@@ -196,21 +196,27 @@ class Rig:
     def run(self, max_steps: int = 200) -> None:
         """Steps until nothing is left to do (async: one step's output applied late)."""
         for _ in range(max_steps):
-            if not self.scheduler.has_requests():
-                if self._pending is None:
-                    return
-                self._apply(*self._pending)
-                self._pending = None
-                continue
-            so = self.scheduler.schedule()
-            mro = self._execute(so)
-            if self.is_async:
-                if self._pending is not None:
-                    self._apply(*self._pending)
-                self._pending = (so, mro)
-            else:
-                self._apply(so, mro)
+            if not self.step_once():
+                return
         raise AssertionError(f"still running after {max_steps} steps")
+
+    def step_once(self) -> bool:
+        """One engine step; False when nothing was left to do."""
+        if not self.scheduler.has_requests():
+            if self._pending is None:
+                return False
+            self._apply(*self._pending)
+            self._pending = None
+            return True
+        so = self.scheduler.schedule()
+        mro = self._execute(so)
+        if self.is_async:
+            if self._pending is not None:
+                self._apply(*self._pending)
+            self._pending = (so, mro)
+        else:
+            self._apply(so, mro)
+        return True
 
     def reset_gpu_prefix_cache(self) -> None:
         assert self.scheduler.reset_prefix_cache()
