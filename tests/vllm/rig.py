@@ -11,8 +11,8 @@ GPU block size 4 tokens, 12-token chunks (3 blocks), 2 layers; block ids are vLL
 
 `geometry="full+swa"` builds a hybrid model the way vLLM plans one with its hybrid KV-cache
 manager on: 4 layers, 0 and 2 sliding-window (group 0), 1 and 3 full attention (group 1), each
-layer of one group sharing its memory with one of the other. `"full+swa+draft"` adds an EAGLE
-draft layer (full attention, group 2). The fake forward pass then checks, per group, what that
+layer of one group sharing its memory with one of the other. `"full+swa+draft"` adds two EAGLE
+draft layers, which vLLM groups with the full-attention ones (groups 1 and 2, both EAGLE groups). The fake forward pass then checks, per group, what that
 group's attention reads: every earlier position for full attention, the last `window - 1` for a
 sliding window.
 """
@@ -544,9 +544,10 @@ def _hybrid_specs(geometry: str, tpb: int, window: int) -> dict[str, KVCacheSpec
         else:
             specs[name] = FullAttentionSpec(**args, dtype=torch.float16)
     if geometry == "full+swa+draft":
-        specs["drafter.layers.0.self_attn.attn"] = FullAttentionSpec(
-            **args, dtype=torch.float16, is_draft=True
-        )
+        for i in range(NUM_LAYERS):
+            specs[f"drafter.layers.{i}.self_attn.attn"] = FullAttentionSpec(
+                **args, dtype=torch.float16, is_draft=True
+            )
     elif geometry != "full+swa":
         raise ValueError(f"geometry={geometry!r}; allowed: full, full+swa, full+swa+draft")
     return specs
@@ -569,6 +570,9 @@ def _hybrid_rig(
     vllm_config.cache_config.kv_cache_layout = "LBNHC"
     specs = _hybrid_specs(geometry, tpb, window)
     groups = get_global_kv_cache_groups(vllm_config, [specs])
+    for group in groups:
+        # What vLLM's planner marks when EAGLE drops its volatile block (speculative decoding).
+        group.is_eagle_group = any(specs[name].is_draft for name in group.layer_names)
     page = next(iter(specs.values())).page_size_bytes
     per_block = page * max(len(g.layer_names) for g in groups)
     kv_cache_config = get_kv_cache_config_from_groups(

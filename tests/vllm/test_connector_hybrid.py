@@ -265,3 +265,37 @@ def test_sync_loads_of_every_group_land_before_the_forward_pass(model_dir, is_as
     # A sync load is scheduled with the request: no step waits for it.
     assert rig.scheduled[b_steps[0]]["b"] == 60 - 48
     assert rig.metas[b_steps[0]].load_jobs
+
+
+def test_eagle_groups_store_their_last_chunk_only_once_the_request_finished(
+    model_dir, is_async, any_seam
+):
+    """With EAGLE draft layers (vLLM groups them with the full-attention layers: groups 1 and 2
+    are EAGLE groups) a decoding request's last chunk is volatile: a rejected draft may rewrite
+    its KV. With offload_prompt_only false and 30 output tokens, the EAGLE groups lag one chunk
+    behind what is computed while "a" decodes, and store that chunk when it finishes (89 tokens:
+    7 chunks)."""
+    rig = make_rig(
+        model_dir,
+        connector=any_seam,
+        is_async=is_async,
+        geometry="full+swa+draft",
+        window=20,
+        vllm_worker=NoCopyWorker,
+        verify=any_seam != "vllm",
+        num_gpu_blocks=96,
+        extra={"offload_prompt_only": False},
+    )
+    request = rig.add("a", prompt(1, 60), 30)
+    while request.num_computed_tokens < 86:
+        assert rig.step_once()
+    # 86 tokens: 7 whole chunks computed, the 7th (volatile) not stored yet.
+    assert per_group(rig.stored_keys) == {SLIDING: 2, 1: 6, 2: 6}
+    rig.run()
+    assert per_group(rig.stored_keys) == {SLIDING: 2, 1: 7, 2: 7}
+    assert rig.scheduler.reset_prefix_cache()
+    for t in rig.kv_caches.values():
+        t.zero_()
+    rig.add("b", prompt(1, 60), 2)
+    rig.run()
+    assert (rig.external_hits["b"], per_group(rig.loaded_keys["b"])) == (48, {SLIDING: 2, 1: 4, 2: 4})

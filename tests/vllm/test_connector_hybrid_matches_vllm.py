@@ -1,4 +1,5 @@
-"""On a hybrid model (sliding-window beside full attention, vLLM's hybrid KV-cache manager on),
+"""On a hybrid model (sliding-window beside full attention, vLLM's hybrid KV-cache manager on;
+also with EAGLE draft layers),
 both our seams decide as vLLM's own OffloadingConnector (CPU spec, `lru`) does: the same trace
 through vLLM's real scheduler gives the same tokens loaded per request, the same keys loaded,
 and the same keys stored (so the same chunks per group), while the tier fills and evicts; ours
@@ -31,7 +32,7 @@ def conversations(seed: int) -> list[tuple[str, list[int]]]:
     return out
 
 
-def run(model_dir, connector, is_async, requests, **kw):
+def run(model_dir, connector, is_async, requests, *, geometry="full+swa", gpu_blocks=48, **kw):
     rig = make_rig(
         model_dir,
         connector=connector,
@@ -40,9 +41,9 @@ def run(model_dir, connector, is_async, requests, **kw):
         tokens_per_block=TPB,
         max_num_batched_tokens=256,
         max_num_seqs=4,
-        num_gpu_blocks=48,
+        num_gpu_blocks=gpu_blocks,
         verify=connector != "vllm",
-        geometry="full+swa",
+        geometry=geometry,
         **kw,
     )
     for rid, tokens in requests:
@@ -57,13 +58,27 @@ def groups_of(keys: list[bytes]) -> Counter[int]:
 
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize(
-    ("cpu_chunks", "chunk_tokens", "window"), [(200, 16, 40), (60, 16, 100), (16, 64, 48)]
+    ("geometry", "gpu_blocks", "cpu_chunks", "chunk_tokens", "window"),
+    [
+        ("full+swa", 48, 200, 16, 40),
+        ("full+swa", 48, 60, 16, 100),
+        ("full+swa", 48, 16, 64, 48),
+        # Two EAGLE groups (draft layers beside the full-attention ones): volatile last chunks.
+        ("full+swa+draft", 72, 200, 16, 40),
+        ("full+swa+draft", 72, 60, 16, 100),
+    ],
 )
 def test_same_loads_and_stores_as_vllm(
-    model_dir, seam, is_async, seed, cpu_chunks, chunk_tokens, window
+    model_dir, seam, is_async, seed, geometry, gpu_blocks, cpu_chunks, chunk_tokens, window
 ):
     requests = conversations(seed)
-    kw = {"cpu_chunks": cpu_chunks, "chunk_tokens": chunk_tokens, "window": window}
+    kw = {
+        "geometry": geometry,
+        "gpu_blocks": gpu_blocks,
+        "cpu_chunks": cpu_chunks,
+        "chunk_tokens": chunk_tokens,
+        "window": window,
+    }
     theirs = run(model_dir, "vllm", is_async, requests, **kw)
     ours = run(model_dir, seam, is_async, requests, **kw)
     assert sum(theirs.external_hits.values()) > 0  # the trace loads from the CPU tier
