@@ -12,9 +12,9 @@ GPU block size 4 tokens, 12-token chunks (3 blocks), 2 layers; block ids are vLL
 `geometry="full+swa"` builds a hybrid model the way vLLM plans one with its hybrid KV-cache
 manager on: 4 layers, 0 and 2 sliding-window (group 0), 1 and 3 full attention (group 1), each
 layer of one group sharing its memory with one of the other. `"full+swa+draft"` adds two EAGLE
-draft layers, which vLLM groups with the full-attention ones (groups 1 and 2, both EAGLE groups). The fake forward pass then checks, per group, what that
-group's attention reads: every earlier position for full attention, the last `window - 1` for a
-sliding window.
+draft layers, which vLLM groups with the full-attention ones (groups 1 and 2, both EAGLE
+groups). The fake forward pass then checks, per group, what that group's attention reads: every
+earlier position for full attention, the last `window - 1` for a sliding window.
 """
 
 from __future__ import annotations
