@@ -14,7 +14,8 @@ manager on: 4 layers, 0 and 2 sliding-window (group 0), 1 and 3 full attention (
 layer of one group sharing its memory with one of the other. `"full+swa+draft"` adds two EAGLE
 draft layers, which vLLM groups with the full-attention ones (groups 1 and 2, both EAGLE
 groups). The fake forward pass then checks, per group, what that group's attention reads: every
-earlier position for full attention, the last `window - 1` for a sliding window.
+earlier position for full attention, the last `window - 1` for a sliding window, those of the
+current attention chunk for chunked-local attention (`geometry="full+local"`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -165,8 +167,9 @@ class Rig:
     before_worker: Callable[[Rig, SchedulerOutput], None] | None = None
     layer_groups: list[list[int]] = field(default_factory=lambda: [list(range(NUM_LAYERS))])
     """Per KV-cache group, the indices (into `kv_caches`) of its layers."""
-    windows: list[int | None] = field(default_factory=lambda: [None])
-    """Per group, its sliding window (None: full attention)."""
+    attends: list[tuple[str, int]] = field(default_factory=lambda: [("full", 0)])
+    """Per group, what its attention reads: ("full", 0), ("sliding", window) or
+    ("chunked_local", attention chunk)."""
     stored_keys: list[bytes] = field(default_factory=list)
     """Every key a store job wrote, in job order, whichever seam."""
     loaded_keys: dict[str, list[bytes]] = field(default_factory=dict)
@@ -388,8 +391,12 @@ class Rig:
         position, or a sliding window's last `window - 1`."""
         layers = list(self.kv_caches.values())
         for g, (table, members) in enumerate(zip(tables, self.layer_groups, strict=True)):
-            window = self.windows[g]
-            first = 0 if window is None else max(0, upto - (window - 1))
+            kind, size = self.attends[g]
+            first = 0
+            if kind == "sliding":
+                first = max(0, upto - (size - 1))
+            elif kind == "chunked_local":
+                first = upto // size * size
             for pos in range(first, upto):
                 for layer in members:
                     got = self._slot(layers[layer], table, pos)
@@ -539,17 +546,23 @@ def _hybrid_specs(geometry: str, tpb: int, window: int) -> dict[str, KVCacheSpec
     specs: dict[str, KVCacheSpec] = {}
     for i in range(NUM_LAYERS * 2):
         name = f"model.layers.{i}.self_attn.attn"
-        if i % 2 == 0:
-            specs[name] = SlidingWindowSpec(**args, dtype=torch.float16, sliding_window=window)
-        else:
+        if i % 2:
             specs[name] = FullAttentionSpec(**args, dtype=torch.float16)
+        elif geometry == "full+local":
+            specs[name] = ChunkedLocalAttentionSpec(
+                **args, dtype=torch.float16, attention_chunk_size=window
+            )
+        else:
+            specs[name] = SlidingWindowSpec(**args, dtype=torch.float16, sliding_window=window)
     if geometry == "full+swa+draft":
         for i in range(NUM_LAYERS):
             specs[f"drafter.layers.{i}.self_attn.attn"] = FullAttentionSpec(
                 **args, dtype=torch.float16, is_draft=True
             )
-    elif geometry != "full+swa":
-        raise ValueError(f"geometry={geometry!r}; allowed: full, full+swa, full+swa+draft")
+    elif geometry not in ("full+swa", "full+local"):
+        raise ValueError(
+            f"geometry={geometry!r}; allowed: full, full+swa, full+swa+draft, full+local"
+        )
     return specs
 
 
@@ -602,9 +615,7 @@ def _hybrid_rig(
     layer_groups = [
         [names.index(n) for n in g.layer_names] for g in kv_cache_config.kv_cache_groups
     ]
-    windows = [
-        getattr(g.kv_cache_spec, "sliding_window", None) for g in kv_cache_config.kv_cache_groups
-    ]
+    attends = [_attended(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
     worker = KVConnectorFactory.create_connector(
         config=vllm_config, role=KVConnectorRole.WORKER, kv_cache_config=kv_cache_config
     )
@@ -625,8 +636,16 @@ def _hybrid_rig(
         verify=verify,
         bpc=bpc,
         layer_groups=layer_groups,
-        windows=windows,
+        attends=attends,
     )
+
+
+def _attended(spec: KVCacheSpec) -> tuple[str, int]:
+    if isinstance(spec, SlidingWindowSpec):
+        return ("sliding", spec.sliding_window)
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return ("chunked_local", spec.attention_chunk_size)
+    return ("full", 0)
 
 
 class NoCopyWorker(OffloadingWorker):

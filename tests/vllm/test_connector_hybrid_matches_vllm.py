@@ -1,5 +1,5 @@
-"""On a hybrid model (sliding-window beside full attention, vLLM's hybrid KV-cache manager on;
-also with EAGLE draft layers),
+"""On a hybrid model (sliding-window or chunked-local beside full attention, vLLM's hybrid
+KV-cache manager on; also with EAGLE draft layers),
 both our seams decide as vLLM's own OffloadingConnector (CPU spec, `lru`) does: the same trace
 through vLLM's real scheduler gives the same tokens loaded per request, the same keys loaded,
 and the same keys stored (so the same chunks per group), while the tier fills and evicts; ours
@@ -63,6 +63,9 @@ def groups_of(keys: list[bytes]) -> Counter[int]:
         ("full+swa", 48, 200, 16, 40),
         ("full+swa", 48, 60, 16, 100),
         ("full+swa", 48, 16, 64, 48),
+        # Chunked-local attention (Llama 4) beside full attention.
+        ("full+local", 48, 200, 16, 64),
+        ("full+local", 48, 60, 16, 128),
         # Two EAGLE groups (draft layers beside the full-attention ones): volatile last chunks.
         ("full+swa+draft", 72, 200, 16, 40),
         ("full+swa+draft", 72, 60, 16, 100),
@@ -82,7 +85,7 @@ def test_same_loads_and_stores_as_vllm(
     theirs = run(model_dir, "vllm", is_async, requests, **kw)
     ours = run(model_dir, seam, is_async, requests, **kw)
     assert sum(theirs.external_hits.values()) > 0  # the trace loads from the CPU tier
-    assert groups_of(theirs.stored_keys)[0] > 0  # and stores sliding-window chunks
+    assert groups_of(theirs.stored_keys)[0] > 0  # and stores window-group chunks
     assert groups_of([k for keys in theirs.loaded_keys.values() for k in keys])[0] > 0
     assert ours.external_hits == theirs.external_hits
     assert Counter(ours.stored_keys) == Counter(theirs.stored_keys)
