@@ -86,7 +86,8 @@ def test_same_loads_and_stores_as_vllm(
     ours = run(model_dir, seam, is_async, requests, **kw)
     assert sum(theirs.external_hits.values()) > 0  # the trace loads from the CPU tier
     assert groups_of(theirs.stored_keys)[0] > 0  # and stores window-group chunks
-    assert groups_of([k for keys in theirs.loaded_keys.values() for k in keys])[0] > 0
+    if geometry != "full+local":  # a hit on an attention-chunk boundary reads no local chunk
+        assert groups_of([k for keys in theirs.loaded_keys.values() for k in keys])[0] > 0
     assert ours.external_hits == theirs.external_hits
     assert Counter(ours.stored_keys) == Counter(theirs.stored_keys)
     assert {r: sorted(k) for r, k in ours.loaded_keys.items()} == {

@@ -283,12 +283,11 @@ class OffloadScheduler:
         num_local_tokens = _count("num_local_tokens", num_local_tokens)
         num_tokens = _count("num_tokens", num_tokens)
         # (Re)starting at token 0: the engine hands over the whole block table in on_allocated.
-        req.block_ids = []
+        self._drop_tables(req)
         req.stored_chunks = 0
         req.planned_load = None
         req.num_tokens = num_tokens
         for state in req.groups or ():
-            state.block_ids = []
             state.next_stored = 0
         if req.jobs:
             self._stats.deferred_lookups += 1
@@ -417,7 +416,7 @@ class OffloadScheduler:
         """The engine takes the request's GPU blocks back. Returns its in-flight jobs: wait for
         them before those blocks are reused. Its stored chunks stay in the CPU tier."""
         req = self._request(request_id)
-        req.block_ids = []
+        self._drop_tables(req)
         req.planned_load = None
         return sorted(req.jobs)
 
@@ -467,7 +466,7 @@ class OffloadScheduler:
                 del self._requests[req.request_id]
             # A preempted request holds no GPU blocks: its jobs were flushed before they were
             # reused.
-            plans.append(FinishPlan(req_jobs, hold_blocks=bool(req.jobs) and bool(req.block_ids)))
+            plans.append(FinishPlan(req_jobs, hold_blocks=bool(req.jobs) and self._has_blocks(req)))
         return plans
 
     def would_hold_blocks(self, request_id: str, final: RequestUpdate | None = None) -> bool:
@@ -475,7 +474,7 @@ class OffloadScheduler:
         holds GPU blocks that jobs in flight, or its final store, read. Changes nothing, so an
         engine can free the blocks at once when it is False and finish the request later."""
         req = self._request(request_id)
-        if not req.block_ids:
+        if not self._has_blocks(req):
             return False
         if req.jobs:
             return True
@@ -570,6 +569,18 @@ class OffloadScheduler:
             raise ValueError(
                 f"request_id={request_id!r} is not tracked (add_request it first, or it finished)"
             ) from None
+
+    @staticmethod
+    def _has_blocks(req: _Request) -> bool:
+        if req.groups is None:
+            return bool(req.block_ids)
+        return any(state.block_ids for state in req.groups)
+
+    @staticmethod
+    def _drop_tables(req: _Request) -> None:
+        req.block_ids = []
+        for state in req.groups or ():
+            state.block_ids = []
 
     def _rank(self, req: _Request) -> int:
         if req.rank is None:
