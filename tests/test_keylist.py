@@ -90,3 +90,36 @@ def test_a_slow_iterable_does_not_block_readers_of_the_list():
     reader.join(5)
     assert not writer.is_alive() and not reader.is_alive()
     assert seen in ([0], [3]) and len(keys) == 3
+
+
+def _i64(values: list[int]) -> bytes:
+    return np.asarray(values, dtype=np.int64).tobytes()
+
+
+def test_gather_picks_keys_across_lists_in_the_order_given():
+    a, b = KeyList([b"a0", b"a1", b"a2"]), KeyList([b"b0", b"b1"])
+    picked = KeyList.gather([a, b], _i64([1, 0, 1, 0]), _i64([1, 2, 0, 0]))
+    assert picked.to_list() == [b"b1", b"a2", b"b0", b"a0"]
+    assert len(KeyList.gather([a], b"", b"")) == 0
+    with pytest.raises(ValueError, match=r"entry 1 \(list 1, key 2\)"):
+        KeyList.gather([a, b], _i64([0, 1]), _i64([0, 2]))
+    with pytest.raises(ValueError, match="one per entry of which"):
+        KeyList.gather([a], _i64([0, 0]), _i64([0]))
+    with pytest.raises(ValueError, match=r"which\[0\]=-1 is invalid"):
+        KeyList.gather([a], _i64([-1]), _i64([0]))
+    with pytest.raises(ValueError, match="a multiple of 8 bytes"):
+        KeyList.gather([a], b"\x00", _i64([0]))
+
+
+def test_positions_may_be_given_as_int64_bytes():
+    by_list, by_bytes, reversed_ = CpuStore(8), CpuStore(8), CpuStore(8)
+    keys = [b"k0", b"k1", b"k2"]
+    runs = ((by_list, [4, 2, 0]), (by_bytes, _i64([4, 2, 0])), (reversed_, _i64([0, 2, 4])))
+    for store, positions in runs:
+        rank = store.new_rank()
+        assert store.prepare_store(keys, rank=rank, positions=positions) is not None
+        store.complete_store(keys)
+    assert by_list.recency_order() == by_bytes.recency_order()
+    assert by_bytes.recency_order() != reversed_.recency_order()  # the positions did count
+    with pytest.raises(ValueError, match="positions has 3 bytes"):
+        by_list.prepare_store([b"k9"], rank=0, positions=b"abc")

@@ -96,7 +96,7 @@ def _int64s(raw: bytes) -> npt.NDArray[np.int64]:
     return np.frombuffer(raw, dtype=_INT64)
 
 
-def _check_positions(rank: int | None, positions: Sequence[int] | None) -> None:
+def _check_positions(rank: int | None, positions: Sequence[int] | bytes | None) -> None:
     if positions is not None and rank is None:
         raise ValueError(
             "positions were given without a rank: they place keys within a request's rank "
@@ -181,7 +181,7 @@ class CpuStore:
         *,
         rank: int | None = None,
         first_position: int = 0,
-        positions: Sequence[int] | None = None,
+        positions: Sequence[int] | bytes | None = None,
         partial: bool = False,
     ) -> StorePlan | None:
         """Reserves slots for the keys that are neither pending nor ready (duplicates count once),
@@ -198,9 +198,9 @@ class CpuStore:
         by the rank it drew, tails before heads, across all its calls (vLLM 0.33's LRU); new keys
         take that place and ready keys of the batch move up to it if they sort below it (also
         when the call is refused). Without a rank, new keys are the most recent.
-        `positions` (one per key) replaces `first_position + j` when a call's keys are not
-        consecutive; a negative one means "no position": a new key then takes a plain use and a
-        resident one stays where it is."""
+        `positions` (one per key; a sequence of ints, or an int64 array's `tobytes()`) replaces
+        `first_position + j` when a call's keys are not consecutive; a negative one means "no
+        position": a new key then takes a plain use and a resident one stays where it is."""
         _check_positions(rank, positions)
         out = self._inner.prepare_store(keys, rank, first_position, positions, partial)
         if out is None:
@@ -232,7 +232,7 @@ class CpuStore:
         *,
         rank: int | None = None,
         first_position: int = 0,
-        positions: Sequence[int] | None = None,
+        positions: Sequence[int] | bytes | None = None,
     ) -> npt.NDArray[np.int64]:
         """Pins every key (all must be ready) for a load and returns their slots. With a `rank`,
         each key moves up to its place in that request's group if it sorts below it (see

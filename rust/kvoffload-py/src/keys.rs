@@ -105,6 +105,25 @@ pub(crate) fn int64_bytes<'py>(py: Python<'py>, values: &[u32]) -> PyResult<Boun
     new_bytes(py, &raw)
 }
 
+/// Native-endian int64 values (numpy's `tobytes()`), each checked to fit a `u32`.
+pub(crate) fn int64s_as_u32(name: &str, raw: &[u8]) -> PyResult<Vec<u32>> {
+    if raw.len() % 8 != 0 {
+        return Err(PyValueError::new_err(format!(
+            "{name} has {} bytes: expected int64 values (a multiple of 8 bytes)",
+            raw.len()
+        )));
+    }
+    raw.chunks_exact(8)
+        .enumerate()
+        .map(|(i, b)| {
+            let v = i64::from_ne_bytes(b.try_into().expect("8 bytes"));
+            u32::try_from(v).map_err(|_| {
+                PyValueError::new_err(format!("{name}[{i}]={v} is invalid: expected 0..2**32"))
+            })
+        })
+        .collect()
+}
+
 pub(crate) fn bytes_list<'py, K: AsRef<[u8]>>(
     py: Python<'py>,
     keys: impl IntoIterator<Item = K>,
@@ -304,6 +323,26 @@ impl KeyList {
         py: Python<'py>,
     ) -> PyResult<(Bound<'py, PyType>, (Bound<'py, PyList>,))> {
         Ok((py.get_type::<KeyList>(), (self.to_list(py)?,)))
+    }
+
+    /// Key `index[i]` of `lists[which[i]]` for every `i`, as a new `KeyList`: `which` and
+    /// `index` are int64 arrays as bytes (numpy's `tobytes()`), of one length.
+    #[staticmethod]
+    fn gather(
+        lists: Vec<Bound<'_, KeyList>>,
+        which: &Bound<'_, PyBytes>,
+        index: &Bound<'_, PyBytes>,
+    ) -> PyResult<KeyList> {
+        let which = int64s_as_u32("which", which.as_bytes())?;
+        let index = int64s_as_u32("index", index.as_bytes())?;
+        let guards = lists
+            .iter()
+            .map(|list| list.get().read())
+            .collect::<PyResult<Vec<_>>>()?;
+        let sources: Vec<&KeyBuf> = guards.iter().map(|g| &**g).collect();
+        Ok(KeyList::from_buf(
+            KeyBuf::gather_many(&sources, &which, &index).map_err(to_py)?,
+        ))
     }
 
     /// A view of keys `start..end` that store calls accept without copying.

@@ -3,7 +3,7 @@
 use crate::errors::{to_py, KVOffloadError};
 use crate::keys::{bytes_list, int64_bytes, new_bytes, KeyArg};
 use kvoffload_core::{Error, EventKind, PolicyKind, Positions, RankedBatch};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::{Mutex, MutexGuard};
@@ -277,6 +277,20 @@ impl Store {
 }
 
 fn extract_positions(positions: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    if let Ok(raw) = positions.cast::<PyBytes>() {
+        // An int64 array's bytes (numpy's `tobytes()`): no Python int per key.
+        let raw = raw.as_bytes();
+        if raw.len() % 8 != 0 {
+            return Err(PyValueError::new_err(format!(
+                "positions has {} bytes: expected int64 values (a multiple of 8 bytes)",
+                raw.len()
+            )));
+        }
+        return Ok(raw
+            .chunks_exact(8)
+            .map(|b| i64::from_ne_bytes(b.try_into().expect("8 bytes")))
+            .collect());
+    }
     positions.extract().map_err(|e| {
         PyTypeError::new_err(format!(
             "positions must be a sequence of ints (64-bit), one per key: {e}"
