@@ -42,7 +42,8 @@ from kvoffload.scheduler.groups import KVGroup, cdiv, prefix_hits, window_hits
 from kvoffload.scheduler.hybrid import GroupState, HybridPlanner
 from kvoffload.store import KeyList
 
-TO_VLLM = {0: LookupResult.MISS, 1: LookupResult.HIT_PENDING, 2: LookupResult.HIT}
+ABSENT, PENDING, READY = 0, 1, 2
+TO_VLLM = {ABSENT: LookupResult.MISS, PENDING: LookupResult.HIT_PENDING, READY: LookupResult.HIT}
 _SPEC = {"num_kv_heads": 1, "head_size": 8, "dtype": torch.float16}
 
 
@@ -336,6 +337,16 @@ class FakeStore:
 
     def lookup(self, keys) -> np.ndarray:
         return np.array([self.status_of[k] for k in keys], dtype=np.uint8)
+
+    def lookup_prefix(self, keys) -> tuple[int, bool]:
+        """As `CpuStore.lookup_prefix`: the leading ready keys, and whether the first that is
+        not is being stored."""
+        status = self.lookup(keys)
+        not_ready = np.flatnonzero(status != READY)
+        if not not_ready.size:
+            return len(status), False
+        first = int(not_ready[0])
+        return first, bool(status[first] == PENDING)
 
     def first_pinned(self, keys) -> int:
         keys = list(keys)

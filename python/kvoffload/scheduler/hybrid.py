@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from kvoffload.scheduler.groups import KVGroup, cdiv, prefix_hits, window_hits
-from kvoffload.store import CpuStore, KeyList
+from kvoffload.scheduler.groups import KVGroup, cdiv, window_hits
+from kvoffload.store import CpuStore, KeyList, KeyStatus
 
 NULL_BLOCK = 0
+IntArray = npt.NDArray[np.int64]
+_READY = int(KeyStatus.READY)
 
 
 @dataclass
@@ -31,6 +33,9 @@ class GroupState:
     block_ids: list[int] = field(default_factory=list)
     next_stored: int = 0
     """Chunks below it were offered to the store (or loaded, or skipped as unreachable)."""
+    used: set[int] = field(default_factory=set)
+    """Chunks whose key the request offered (not while another request stored it) or loaded:
+    the keys it refreshes when it finishes, as vLLM's manager records them."""
 
 
 @dataclass(frozen=True)
@@ -46,21 +51,23 @@ class GroupSlice:
 
 
 @dataclass(frozen=True)
-class LoadPlan:
-    keys: list[bytes]
-    positions: list[int]
-    """Each key's place in the request's eviction order (chunk, then group)."""
-    gpu_block_ids: list[int]
-    parts: tuple[GroupSlice, ...]
-    end_chunk: int
+class KeyBatch:
+    """Keys picked from a request's groups: key `chunks[i]` of group `groups[i]`, in group order
+    (chunk order within a group), gathered into one `KeyList` with one Rust call."""
+
+    keys: KeyList
+    groups: IntArray
+    chunks: IntArray
+    positions: bytes
+    """Each key's place in the request's eviction order (an int64 array's bytes)."""
 
 
 @dataclass(frozen=True)
-class StoreOffer:
-    keys: list[bytes]
-    positions: list[int]
-    where: list[tuple[int, int]]
-    """(group, chunk) of each key."""
+class LoadPlan:
+    batch: KeyBatch
+    gpu_block_ids: IntArray
+    parts: tuple[GroupSlice, ...]
+    end_chunk: int
 
 
 class HybridPlanner:
@@ -111,11 +118,24 @@ class HybridPlanner:
     def new_state(self) -> list[GroupState]:
         return [GroupState() for _ in self.groups]
 
-    def position(self, group: int, chunk: int) -> int:
-        """A key's place in its request's eviction order: vLLM ranks the keys of one position
-        (one per group) by key bytes, so the smaller group index leaves first."""
+    def batch(self, states: list[GroupState], picked: Sequence[tuple[int, IntArray]]) -> KeyBatch:
+        """The keys of `picked` (group, chunk indices), in that order. A key's place in its
+        request's eviction order is chunk * groups + (groups - 1 - group): vLLM ranks the keys of
+        one position (one per group) by key bytes, so the smaller group index leaves first."""
         g = self.num_groups
-        return chunk * g + g - 1 - group
+        if not picked:
+            return _NO_KEYS
+        if len(picked) == 1:
+            ((gi, chunks),) = picked
+            groups = np.full(len(chunks), gi, dtype=np.int64)
+        else:
+            groups = np.repeat(
+                np.asarray([gi for gi, _ in picked], dtype=np.int64), [len(c) for _, c in picked]
+            )
+            chunks = np.concatenate([c for _, c in picked])
+        keys = KeyList.gather([s.keys for s in states], groups.tobytes(), chunks.tobytes())
+        positions = (chunks * g + (g - 1 - groups)).tobytes()
+        return KeyBatch(keys, groups, chunks, positions)
 
     def extend_keys(self, states: list[GroupState], block_hashes: Sequence[bytes]) -> None:
         for index, state in enumerate(states):
@@ -161,17 +181,21 @@ class HybridPlanner:
                 # An EAGLE group's last chunk is volatile: one more is asked and dropped.
                 query_max = min(max_hit + tpc, num_keys * tpc) if unverified else max_hit
                 end = min(cdiv(query_max, tpc), num_keys)
-                status = store.lookup(state.keys.view(start, end)) if end > start else _NONE
                 window = self._window[gi]
                 hits: int | None
                 if window is None:
-                    hits = prefix_hits(status)
+                    # Stops at the first key not ready: one being stored defers, as vLLM's scan
+                    # (which counts it and defers) does.
+                    found, pending = store.lookup_prefix(state.keys.view(start, end))
+                    hits = None if pending else found
                 else:
                     required = window + int(unverified)
                     candidate = min(max_hit, (end - int(unverified)) * tpc)
                     first = group.load_window_chunks(candidate, tpc)
                     assert first is not None
-                    hits = window_hits(status, required, first + int(unverified))
+                    hits = self._window_hits(
+                        store, state, start, end, required, first + int(unverified)
+                    )
                 if hits == 0:
                     return 0
                 if hits is None:
@@ -203,6 +227,18 @@ class HybridPlanner:
             return None
         return num_hit
 
+    @staticmethod
+    def _window_hits(
+        store: CpuStore, state: GroupState, start: int, end: int, window: int, first: int
+    ) -> int | None:
+        """`window_hits` over keys `start..end`, asking only the last `first` when all are ready
+        (the usual answer)."""
+        if end - start >= first:
+            tail = store.lookup(state.keys.view(end - first, end))
+            if (tail == _READY).all():
+                return end - start
+        return window_hits(store.lookup(state.keys.view(start, end)), window, first)
+
     def _any_being_loaded(
         self, store: CpuStore, states: list[GroupState], num_local: int, num_hit: int
     ) -> bool:
@@ -221,11 +257,7 @@ class HybridPlanner:
     # --- loads -----------------------------------------------------------------------------------
 
     def plan_load(
-        self,
-        states: list[GroupState],
-        tables: Sequence[Sequence[int]],
-        num_local: int,
-        loadable: int,
+        self, states: list[GroupState], tables: Sequence[IntArray], num_local: int, loadable: int
     ) -> LoadPlan:
         """The load of `loadable` tokens past `num_local`: per group the blocks from its first
         non-null one past the local prefix (a window group allocates only its window) to the
@@ -235,27 +267,25 @@ class HybridPlanner:
         num_blocks = cdiv(num_cached, tpb)
         end_chunk = cdiv(num_cached, tpc)
         first_fresh = cdiv(num_local, tpb)
-        keys: list[bytes] = []
-        positions: list[int] = []
-        blocks: list[int] = []
+        picked: list[tuple[int, IntArray]] = []
+        blocks: list[IntArray] = []
         parts: list[GroupSlice] = []
-        for gi, (state, table) in enumerate(zip(states, tables, strict=True)):
+        for gi, table in enumerate(tables):
             if len(table) < num_blocks:
                 raise ValueError(
                     f"block_ids of group {gi} has {len(table)} blocks; the load of {loadable} "
                     f"tokens needs {num_blocks}"
                 )
-            start = next(
-                (i for i in range(first_fresh, num_blocks) if table[i] != NULL_BLOCK), num_blocks
-            )
-            if start == num_blocks:
+            live = np.flatnonzero(table[first_fresh:num_blocks] != NULL_BLOCK)
+            if not live.size:
                 continue
+            start = first_fresh + int(live[0])
             first_chunk = start // bpc
-            keys.extend(state.keys.view(first_chunk, end_chunk).to_list())
-            positions.extend(self.position(gi, c) for c in range(first_chunk, end_chunk))
-            blocks.extend(table[start:num_blocks])
+            picked.append((gi, np.arange(first_chunk, end_chunk, dtype=np.int64)))
+            blocks.append(table[start:num_blocks])
             parts.append(GroupSlice(gi, end_chunk - first_chunk, num_blocks - start, start % bpc))
-        return LoadPlan(keys, positions, blocks, tuple(parts), end_chunk)
+        gpu = np.concatenate(blocks) if blocks else _EMPTY
+        return LoadPlan(self.batch(states, picked), gpu, tuple(parts), end_chunk)
 
     # --- stores ----------------------------------------------------------------------------------
 
@@ -275,14 +305,12 @@ class HybridPlanner:
         decoding: bool,
         finished: bool,
         boundaries: Sequence[int],
-    ) -> tuple[StoreOffer, list[int]]:
+    ) -> tuple[KeyBatch, list[int]]:
         """The chunks to offer the store, and each group's storable end. A window group offers
         only chunks with a block a later hit can reach, and none whose reachable blocks it has
         already freed (null)."""
         bpc = self.bpc
-        keys: list[bytes] = []
-        positions: list[int] = []
-        where: list[tuple[int, int]] = []
+        picked: list[tuple[int, IntArray]] = []
         ends: list[int] = []
         for gi, (group, state) in enumerate(zip(self.groups, states, strict=True)):
             n = self.storable(group, state, offloadable, decoding, finished)
@@ -290,23 +318,22 @@ class HybridPlanner:
             start = state.next_stored
             if n <= start:
                 continue
-            table = np.asarray(state.block_ids[start * bpc : n * bpc], dtype=np.int64)
-            chunks = table.reshape(-1, bpc)
+            table = state.block_ids[start * bpc : n * bpc]
             mask = self.reachable(group, start * bpc, n * bpc, boundaries)
+            if mask is None and NULL_BLOCK not in table:
+                picked.append((gi, np.arange(start, n, dtype=np.int64)))
+                continue
+            chunks = np.asarray(table, dtype=np.int64).reshape(-1, bpc)
             ok = chunks[:, -1] != NULL_BLOCK
             if mask is not None:
                 reach = mask.reshape(-1, bpc)
                 ok &= reach.any(axis=1) & ~((chunks == NULL_BLOCK) & reach).any(axis=1)
             else:
                 ok &= (chunks != NULL_BLOCK).all(axis=1)
-            chosen = (np.flatnonzero(ok) + start).tolist()
-            if not chosen:
-                continue
-            all_keys = state.keys.view(start, n).to_list()
-            keys.extend(all_keys[c - start] for c in chosen)
-            positions.extend(self.position(gi, c) for c in chosen)
-            where.extend((gi, c) for c in chosen)
-        return StoreOffer(keys, positions, where), ends
+            chosen = np.flatnonzero(ok)
+            if chosen.size:
+                picked.append((gi, chosen + start))
+        return self.batch(states, picked), ends
 
     def reachable(
         self, group: KVGroup, start_block: int, end_block: int, boundaries: Sequence[int]
@@ -347,13 +374,19 @@ class HybridPlanner:
         bpc = self.bpc
         for k, gi in enumerate(self._sliding):
             state = states[gi]
-            end = len(state.block_ids) if ends is None else ends[k]
-            for j in range(state.next_stored * bpc, end):
-                if state.block_ids[j] in realloc:
-                    state.block_ids[j] = NULL_BLOCK
+            table = state.block_ids
+            first = state.next_stored * bpc
+            end = len(table) if ends is None else ends[k]
+            if first >= end or realloc.isdisjoint(table[first:end]):
+                continue
+            for j in range(first, end):
+                if table[j] in realloc:
+                    table[j] = NULL_BLOCK
 
     def window_groups(self) -> tuple[int, ...]:
         return self._sliding
 
 
-_NONE: npt.NDArray[np.uint8] = np.empty(0, dtype=np.uint8)
+_EMPTY: IntArray = np.empty(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
+_NO_KEYS = KeyBatch(KeyList(), _EMPTY, _EMPTY, b"")

@@ -31,7 +31,7 @@ import numpy as np
 from kvoffload import _rust
 from kvoffload.scheduler.config import OffloadConfig
 from kvoffload.scheduler.groups import KVGroup
-from kvoffload.scheduler.hybrid import GroupSlice, GroupState, HybridPlanner, StoreOffer
+from kvoffload.scheduler.hybrid import GroupSlice, GroupState, HybridPlanner, KeyBatch
 from kvoffload.scheduler.jobs import (
     FinishPlan,
     IntArray,
@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 _GROUP_IDX = 0  # a model with one full-attention group; others are planned by HybridPlanner
 _NO_BLOCKS: IntArray = np.empty(0, dtype=np.int64)
 _NO_BLOCKS.flags.writeable = False
+_PENDING = int(KeyStatus.PENDING)
 
 
 def _short(values: object, shown: int = 5) -> str:
@@ -117,8 +118,6 @@ class _Request:
     groups: list[GroupState] | None = None
     """With several KV-cache groups (or a window group): each group's keys, table and store
     frontier, in place of `keys`, `block_ids` and `stored_chunks`."""
-    used: dict[bytes, tuple[int, int]] = field(default_factory=dict)
-    """With `groups`: the keys the request offered or loaded, and their (chunk, group)."""
     new_tables: bool = False
     """With `groups`: its tables were handed over since the last `plan_step` (they hold blocks
     allocated in this step, not blocks handed out again)."""
@@ -457,8 +456,7 @@ class OffloadScheduler:
             if req.groups is None:
                 self.store.touch(req.keys.view(0, req.stored_chunks), reuse=False)
             else:
-                used = req.used
-                self.store.touch(sorted(used, key=used.__getitem__), reuse=False)
+                self.store.touch(self._used_keys(req), reuse=False)
             req.finished = True
             if self.shared_tier is not None:
                 self.shared_tier.finish_request(req.request_id)
@@ -482,8 +480,13 @@ class OffloadScheduler:
             return False
         c = self._check_update(final)
         if req.groups is not None:
-            offer, _ = self._offer(req, c.computed, c.num_tokens, True, c.shared_prefix_boundary)
-            return bool(offer.keys)
+            # Whether any group has a chunk to offer (it may then turn out unreachable).
+            assert self.hybrid is not None
+            offloadable = self._offloadable(req, c.computed, c.num_tokens)
+            return any(
+                self.hybrid.storable(g, state, offloadable, False, True) > state.next_stored
+                for g, state in zip(self.hybrid.groups, req.groups, strict=True)
+            )
         return self._storable(req, c.computed, c.num_tokens) > req.stored_chunks
 
     def complete_job(self, job_id: int, success: bool) -> JobResult:
@@ -535,9 +538,9 @@ class OffloadScheduler:
         for req in self._requests.values():
             req.stored_chunks = 0
             req.rank = None
-            req.used = {}
             for state in req.groups or ():
                 state.next_stored = 0
+                state.used = set()
 
     def is_loading(self, request_id: str) -> bool:
         """Whether a load of the request is in flight (it is waiting for its KV)."""
@@ -728,26 +731,36 @@ class OffloadScheduler:
         self, req: _Request, tables: list[IntArray], num_local: int, loadable: int
     ) -> LoadJob:
         assert self.hybrid is not None and req.groups is not None
-        plan = self.hybrid.plan_load(req.groups, [t.tolist() for t in tables], num_local, loadable)
-        keys = KeyList(plan.keys)
+        plan = self.hybrid.plan_load(req.groups, tables, num_local, loadable)
+        batch = plan.batch
         # Pins, or raises with nothing pinned.
-        slots = self.store.prepare_load(keys, rank=self._rank(req), positions=plan.positions)
+        slots = self.store.prepare_load(batch.keys, rank=self._rank(req), positions=batch.positions)
         if self.config.eviction_policy == "arc":
-            self.store.touch(keys)
+            self.store.touch(batch.keys)
         self._set_tables(req, _NO_BLOCKS, tables)
         req.planned_load = None
-        g = self.hybrid.num_groups
-        for key, position in zip(plan.keys, plan.positions, strict=True):
-            req.used.setdefault(key, (position // g, g - 1 - position % g))
+        for part in plan.parts:
+            req.groups[part.group].used.update(
+                range(plan.end_chunk - part.num_slots, plan.end_chunk)
+            )
         for state in req.groups:
             state.next_stored = max(state.next_stored, plan.end_chunk)
-        dst = np.asarray(plan.gpu_block_ids, dtype=np.int64)
-        job_id = self._track("load", req, keys, dst)
+        job_id = self._track("load", req, batch.keys, plan.gpu_block_ids)
         self._loads_in_flight += 1
         self._stats.load_jobs += 1
         self._stats.hit_tokens += loadable
         first = min((plan.end_chunk - p.num_slots for p in plan.parts), default=plan.end_chunk)
-        return LoadJob(job_id, req.request_id, keys, slots, dst, 0, loadable, first, plan.parts)
+        return LoadJob(
+            job_id,
+            req.request_id,
+            batch.keys,
+            slots,
+            plan.gpu_block_ids,
+            0,
+            loadable,
+            first,
+            plan.parts,
+        )
 
     def _offloadable(self, req: _Request, computed: int, num_tokens: int) -> int:
         n = min(computed, num_tokens)
@@ -759,7 +772,7 @@ class OffloadScheduler:
 
     def _offer(
         self, req: _Request, computed: int, num_tokens: int, finished: bool, junction: int
-    ) -> tuple[StoreOffer, list[int]]:
+    ) -> tuple[KeyBatch, list[int]]:
         assert self.hybrid is not None and req.groups is not None
         offloadable = self._offloadable(req, computed, num_tokens)
         boundaries = (req.num_prompt_tokens - 1,) + ((junction,) if junction else ())
@@ -768,15 +781,14 @@ class OffloadScheduler:
 
     def _store_groups(self, req: _Request, computed: int, junction: int) -> StoreJob | None:
         assert self.hybrid is not None and req.groups is not None
-        hybrid = self.hybrid
         offer, ends = self._offer(req, computed, req.num_tokens, req.finishing, junction)
         plan = None
-        if offer.keys:
+        if len(offer.keys):
             # A chunk another request is storing now is not a use of it (as in vLLM).
             status = self.store.lookup(offer.keys)
-            for key, (group, chunk), state in zip(offer.keys, offer.where, status, strict=True):
-                if state != KeyStatus.PENDING:
-                    req.used.setdefault(key, (chunk, group))
+            used = status != _PENDING
+            for g, state in enumerate(req.groups):
+                state.used.update(offer.chunks[used & (offer.groups == g)].tolist())
             plan = self.store.prepare_store(
                 offer.keys, rank=self._rank(req), positions=offer.positions
             )
@@ -789,19 +801,35 @@ class OffloadScheduler:
         if plan is None or not plan.keys:
             return None
         bpc = self.config.blocks_per_chunk
-        where = [offer.where[i] for i in plan.indices.tolist()]
-        blocks = [b for g, c in where for b in req.groups[g].block_ids[c * bpc : (c + 1) * bpc]]
-        parts = []
-        for g in range(hybrid.num_groups):
-            n = sum(1 for wg, _ in where if wg == g)
-            if n:
-                parts.append(GroupSlice(g, n, n * bpc))
-        keys = plan.keys if isinstance(plan.keys, KeyList) else KeyList(plan.keys)
-        src = np.asarray(blocks, dtype=np.int64)
-        job_id = self._track("store", req, keys, src)
+        groups, chunks = offer.groups[plan.indices], offer.chunks[plan.indices]
+        counts = np.bincount(groups, minlength=self.hybrid.num_groups).tolist()
+        blocks, parts = [], []
+        for g, n in enumerate(counts):
+            if not n:
+                continue
+            mine = chunks[groups == g]
+            lo, hi = int(mine[0]), int(mine[-1]) + 1
+            table = np.asarray(req.groups[g].block_ids[lo * bpc : hi * bpc], dtype=np.int64)
+            blocks.append(table.reshape(-1, bpc)[mine - lo].reshape(-1))
+            parts.append(GroupSlice(g, n, n * bpc))
+        assert isinstance(plan.keys, KeyList)
+        src = np.concatenate(blocks)
+        job_id = self._track("store", req, plan.keys, src)
         self._stats.store_jobs += 1
-        chunks = np.asarray([c for _, c in where], dtype=np.int64)
-        return StoreJob(job_id, req.request_id, keys, plan.slots, src, chunks, tuple(parts))
+        return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, chunks, tuple(parts))
+
+    def _used_keys(self, req: _Request) -> KeyList:
+        """The keys the request used, head to tail (by chunk, then group), as vLLM refreshes
+        them when a request finishes."""
+        assert self.hybrid is not None and req.groups is not None
+        picked = [(g, np.fromiter(s.used, np.int64, len(s.used))) for g, s in enumerate(req.groups)]
+        batch = self.hybrid.batch(req.groups, picked)
+        order = np.lexsort((batch.groups, batch.chunks))
+        return KeyList.gather(
+            [s.keys for s in req.groups],
+            batch.groups[order].tobytes(),
+            batch.chunks[order].tobytes(),
+        )
 
     def _drop_reallocated(self, checked: list[_CheckedUpdate], realloc: set[int]) -> None:
         """Before this step's new blocks are appended (see `HybridPlanner.drop_reallocated`)."""
@@ -823,8 +851,10 @@ class OffloadScheduler:
     def _jobs_touching(self, realloc: IntArray) -> list[int]:
         if not self._jobs or not realloc.size:
             return []
-        return sorted(
-            job_id
-            for job_id, job in self._jobs.items()
-            if np.isin(job.gpu_block_ids, realloc).any()
-        )
+        ids = list(self._jobs)
+        blocks = [self._jobs[j].gpu_block_ids for j in ids]
+        hit = np.isin(np.concatenate(blocks), realloc)
+        if not hit.any():
+            return []
+        owner = np.repeat(np.arange(len(ids)), [len(b) for b in blocks])
+        return sorted(ids[i] for i in set(owner[hit].tolist()))
