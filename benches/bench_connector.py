@@ -12,6 +12,17 @@ copy worker is replaced by one that completes each job at once, ours copies on t
 timed). Each connector runs the trace 3 times and keeps its least hook time. `make bench` prints
 the table; with --benchmark-disable (`make test`) the trace shrinks
 to 8 requests of 1K-2K tokens.
+
+The hybrid case runs the same way on a model of vLLM's hybrid KV-cache manager: a 128-token
+sliding-window group (gpt-oss's window) beside a full-attention group. Trace: 32 conversations of
+5 turns, round-robin, each turn the last one's prompt plus a new message (a first one of 2K-4K
+tokens, then 1K-2K each; prompts of 2K-12K tokens, 970K in all), so that a turn hits the chunks
+its predecessor stored, sliding-window tail included (vLLM keeps that tail only before a
+prompt's replay boundary, `num_prompt_tokens - 1`); a GPU prefix cache of 96K tokens (as many
+blocks as 8 of the longest prompts need, else requests holding loaded blocks can starve the
+head of vLLM's queue) and a CPU tier of 16K chunks (one per group and 16 tokens), which fills
+up and evicts (the last turns hold ~290K distinct tokens). Under --benchmark-disable: 8
+conversations of 3 turns, 4 requests at a time.
 """
 
 from __future__ import annotations
@@ -57,6 +68,12 @@ class Trace:
     gpu_blocks: int
     cpu_chunks: int
     batched_tokens: int
+    geometry: str = "full"
+    """`make_rig`'s: "full" (one full-attention group) or "full+swa" (hybrid)."""
+    window: int = 0
+    """The sliding window of a hybrid model, in tokens."""
+    max_num_seqs: int = 8
+    """Requests vLLM runs at once."""
 
 
 def shared_prefix_requests(
@@ -80,6 +97,43 @@ def make_trace(small: bool) -> Trace:
     if small:
         return Trace(requests, gpu_blocks=160, cpu_chunks=256, batched_tokens=1024)
     return Trace(requests, gpu_blocks=8192, cpu_chunks=16384, batched_tokens=8192)
+
+
+def conversation_requests(
+    seed: int, n_conv: int, n_turns: int, first: tuple[int, int], later: tuple[int, int]
+) -> list[tuple[str, list[int]]]:
+    """`n_conv` conversations of `n_turns` turns, round-robin: each turn's prompt is the last
+    one's plus a new message (`first`, then `later`, lo..hi random tokens)."""
+    rng = random.Random(seed)
+
+    def message(lo: int, hi: int) -> list[int]:
+        return [rng.randrange(100, 900) for _ in range(rng.randint(lo, hi))]
+
+    prompts = [message(*first) for _ in range(n_conv)]
+    requests = []
+    for turn in range(n_turns):
+        for c in range(n_conv):
+            if turn:
+                prompts[c] = prompts[c] + message(*later)
+            requests.append((f"c{c}t{turn}", prompts[c]))
+    return requests
+
+
+def make_hybrid_trace(small: bool) -> Trace:
+    if small:
+        requests = conversation_requests(8, 8, 3, (256, 512), (128, 256))
+        return Trace(requests, 256, 384, 1024, geometry="full+swa", window=128, max_num_seqs=4)
+    requests = conversation_requests(8, 32, 5, (2048, 4096), (1024, 2048))
+    return Trace(requests, 6144, 16384, 8192, geometry="full+swa", window=128)
+
+
+CASES: dict[str, tuple[Callable[[bool], Trace], str]] = {
+    "full": (make_trace, "one trace through vLLM's Scheduler"),
+    "hybrid": (
+        make_hybrid_trace,
+        "hybrid model (full + 128-token sliding window), multi-turn trace through vLLM's Scheduler",
+    ),
+}
 
 
 @dataclass
@@ -111,10 +165,17 @@ class Run:
     hit_tokens: dict[str, int]
     stored_chunks: int
     wall: float
+    window_chunks: tuple[int, int] = (0, 0)
+    """Sliding-window (group 0) chunks loaded and stored, on a hybrid model."""
+    evictions: int | None = None
+    """Chunks our CPU tier evicted (None: vLLM's)."""
 
 
 def trace_rig(connector: str, trace: Trace, model_dir: str) -> Any:
     """The rig a trace runs on, with `connector` (see `make_rig`); KV bytes are not checked."""
+    hybrid = (
+        {} if trace.geometry == "full" else {"geometry": trace.geometry, "window": trace.window}
+    )
     return make_rig(
         model_dir,
         connector=connector,
@@ -124,9 +185,10 @@ def trace_rig(connector: str, trace: Trace, model_dir: str) -> Any:
         cpu_chunks=trace.cpu_chunks,
         num_gpu_blocks=trace.gpu_blocks,
         max_num_batched_tokens=trace.batched_tokens,
-        max_num_seqs=8,
+        max_num_seqs=trace.max_num_seqs,
         verify=False,
         max_model_len=40_000,
+        **hybrid,
     )
 
 
@@ -142,10 +204,26 @@ def run_trace(connector: str, trace: Trace, model_dir: str) -> Run:
         rig.add(rid, tokens, 4)
     rig.run(max_steps=100_000)
     wall = time.perf_counter() - start
-    return Run(clock, rig.step, dict(rig.external_hits), stored_chunks(rig), wall)
+    window_chunks = (0, 0)
+    if trace.geometry != "full":
+        loaded = (k for keys in rig.loaded_keys.values() for k in keys)
+        window_chunks = (
+            sum(map(in_window_group, loaded)),
+            sum(map(in_window_group, rig.stored_keys)),
+        )
+    evictions = rig.cpu_store().stats().evictions if connector == "kvoffload" else None
+    return Run(
+        clock, rig.step, dict(rig.external_hits), stored_chunks(rig), wall, window_chunks, evictions
+    )
 
 
-RESULTS: dict[str, Run] = {}
+def in_window_group(key: bytes) -> bool:
+    """A key of the sliding-window group (group 0: a key ends with its 4-byte group index)."""
+    return key[-4:] == bytes(4)
+
+
+RESULTS: dict[tuple[str, str], Run] = {}
+"""Runs by (case, connector)."""
 
 
 @pytest.fixture(scope="module")
@@ -170,15 +248,10 @@ def hook_rows(
     return lines
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _print_table(request):
-    yield
-    ours, theirs = RESULTS.get("kvoffload"), RESULTS.get("vllm")
-    if ours is None or theirs is None:
-        return
+def table(case: str, theirs: Run, ours: Run) -> list[str]:
     lines = [
         "",
-        "connector scheduler-side hooks, one trace through vLLM's Scheduler",
+        f"connector scheduler-side hooks, {CASES[case][1]}",
         f"{'':28}{'vLLM OffloadingConnector':>26}{'KVOffloadConnector':>22}{'ratio':>8}",
     ]
     lines += hook_rows(theirs.clock.seconds, ours.clock.seconds, (23, 19))
@@ -195,14 +268,31 @@ def _print_table(request):
             f"{label}: {r.steps} steps, {sum(r.hit_tokens.values())} tokens loaded, "
             f"{r.stored_chunks} chunks stored, {r.wall:.1f} s wall"
         )
+        if case != "full":
+            loaded, stored = r.window_chunks
+            evicted = "" if r.evictions is None else f", {r.evictions} chunks evicted"
+            lines[-1] += f" ({loaded} sliding-window chunks loaded, {stored} stored{evicted})"
     differ = sorted(
         rid for rid in theirs.hit_tokens if theirs.hit_tokens[rid] != ours.hit_tokens.get(rid)
     )
     lines.append(f"requests whose loaded tokens differ: {differ or 'none'}")
+    return lines
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_table(request):
+    yield
+    lines = []
+    for case in CASES:
+        ours, theirs = RESULTS.get((case, "kvoffload")), RESULTS.get((case, "vllm"))
+        if ours is not None and theirs is not None:
+            lines += table(case, theirs, ours)
+    RESULTS.clear()
+    if not lines:
+        return
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
         print("\n".join(lines) + "\n")
-    RESULTS.clear()
 
 
 def best_of(rounds: int, connector: str, trace: Trace, model_dir: str) -> Run:
@@ -213,12 +303,22 @@ def best_of(rounds: int, connector: str, trace: Trace, model_dir: str) -> Run:
 
 
 @pytest.mark.parametrize("connector", ["vllm", "kvoffload"])
-def test_connector_trace(benchmark, model_dir, connector):
-    trace = make_trace(small=benchmark.disabled)
+@pytest.mark.parametrize("case", list(CASES))
+def test_connector_trace(benchmark, model_dir, case, connector):
+    trace = CASES[case][0](benchmark.disabled)
     rounds = 1 if benchmark.disabled else 3
     run = benchmark.pedantic(
         best_of, args=(rounds, connector, trace, model_dir), rounds=1, iterations=1
     )
     assert len(run.hit_tokens) == len(trace.requests)
     assert run.stored_chunks > 0
-    RESULTS[connector] = run
+    RESULTS[case, connector] = run
+    if case != "full":
+        # Both connectors load the same tokens (the table of the one-group case only lists the
+        # requests that differ), from the CPU tier, sliding-window chunks too, and overfill it.
+        other = RESULTS.get((case, "kvoffload" if connector == "vllm" else "vllm"))
+        assert other is None or run.hit_tokens == other.hit_tokens
+        assert sum(run.hit_tokens.values()) > 0
+        assert min(run.window_chunks) > 0
+        assert run.stored_chunks > trace.cpu_chunks
+        assert run.evictions is None or run.evictions > 0
