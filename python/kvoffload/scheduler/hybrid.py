@@ -364,22 +364,17 @@ class HybridPlanner:
                     mask[lo - start_block : hi - start_block] = True
         return mask
 
-    def drop_reallocated(
-        self, states: list[GroupState], ends: Sequence[int] | None, realloc: set[int]
-    ) -> None:
+    def drop_reallocated(self, states: list[GroupState], realloc: set[int]) -> None:
         """A window group frees blocks behind its window while the request runs: ids of them the
         engine handed out again (`realloc`) no longer hold this request's KV, so the chunks not
-        yet offered must not read them. `ends`: each window group's table length before this
-        step's new blocks (`None`: the whole table)."""
+        yet offered must not read them. Call it before this step's new blocks are appended."""
         bpc = self.bpc
-        for k, gi in enumerate(self._sliding):
-            state = states[gi]
-            table = state.block_ids
-            first = state.next_stored * bpc
-            end = len(table) if ends is None else ends[k]
-            if first >= end or realloc.isdisjoint(table[first:end]):
+        for gi in self._sliding:
+            table = states[gi].block_ids
+            first = states[gi].next_stored * bpc
+            if first >= len(table) or realloc.isdisjoint(table[first:]):
                 continue
-            for j in range(first, end):
+            for j in range(first, len(table)):
                 if table[j] in realloc:
                     table[j] = NULL_BLOCK
 

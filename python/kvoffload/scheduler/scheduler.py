@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import operator
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -31,7 +32,13 @@ import numpy as np
 from kvoffload import _rust
 from kvoffload.scheduler.config import OffloadConfig
 from kvoffload.scheduler.groups import KVGroup
-from kvoffload.scheduler.hybrid import GroupSlice, GroupState, HybridPlanner, KeyBatch
+from kvoffload.scheduler.hybrid import (
+    NULL_BLOCK,
+    GroupSlice,
+    GroupState,
+    HybridPlanner,
+    KeyBatch,
+)
 from kvoffload.scheduler.jobs import (
     FinishPlan,
     IntArray,
@@ -75,8 +82,16 @@ def _short(values: object, shown: int = 5) -> str:
 
 def _block_ids(name: str, values: Sequence[int] | IntArray) -> IntArray:
     """`values` as GPU block ids, or a ValueError naming `name`: every id an int >= 0."""
-    if isinstance(values, (list, tuple)) and not values:
-        return _NO_BLOCKS  # most decode steps allocate nothing
+    if isinstance(values, (list, tuple)):
+        if not values:
+            return _NO_BLOCKS  # most decode steps allocate nothing
+        try:
+            # C-speed conversion of a list of ints (vLLM's tables), refusing anything else.
+            raw = array("q", values)
+        except (TypeError, OverflowError):
+            raw = None
+        if raw is not None and not isinstance(values[0], bool) and min(raw) >= 0:
+            return np.frombuffer(raw, dtype=np.int64)
     ids = np.asarray(values)
     if ids.size == 0:
         return _NO_BLOCKS
@@ -139,6 +154,8 @@ class _InFlight:
     request_id: str
     keys: KeyList
     gpu_block_ids: IntArray
+    window_blocks: tuple[int, ...] = ()
+    """With several groups: the window groups' blocks a store reads (see `_window_reads`)."""
 
 
 class OffloadScheduler:
@@ -184,6 +201,12 @@ class OffloadScheduler:
         self._next_job_id = 0
         self._loads_in_flight = 0
         self._stats = SchedulerStats()
+        self._window_reads: dict[int, set[int]] = {}
+        """With several groups: window-group block -> the stores in flight reading it. Only a
+        window group frees blocks while its request still runs (and the engine may hand them
+        out again); every other block a job touches is held by its request."""
+        self._tabled: set[str] = set()
+        """With several groups: requests that hold block tables."""
         self.shared_tier = (
             None
             if remote is None
@@ -393,7 +416,9 @@ class OffloadScheduler:
         say what the step computes for each running request (and the blocks allocated to it in
         this schedule), `reallocated_block_ids` every GPU block handed out in this schedule.
         Returns the stores to submit and the in-flight jobs (stores or loads) that touch a
-        reallocated block: wait for those before the forward pass overwrites it.
+        reallocated block: wait for those before the forward pass overwrites it. With several
+        KV-cache groups only window groups' blocks count (the engine holds every other block a
+        job touches until the job is reported), and window tables stop reading reallocated ones.
 
         The whole batch is checked before anything changes: a bad update raises and plans
         nothing."""
@@ -402,9 +427,10 @@ class OffloadScheduler:
         ids = [c.req.request_id for c in checked]
         if len(set(ids)) != len(ids):
             raise ValueError(f"updates name a request twice: {sorted(ids)}")
-        flush = self._jobs_touching(realloc)
-        if self.hybrid is not None and realloc.size and self.hybrid.window_groups():
-            self._drop_reallocated(checked, set(realloc.tolist()))
+        if self.hybrid is None:
+            flush = self._jobs_touching(realloc)
+        else:
+            flush = self._plan_reallocation(set(realloc.tolist()))
         promotions, cascades = (
             ([], []) if self.shared_tier is None else self.shared_tier.take_jobs()
         )
@@ -495,6 +521,11 @@ class OffloadScheduler:
         job = self._jobs.pop(job_id, None)
         if job is None:
             raise ValueError(f"job_id={job_id!r} is not in flight")
+        for block in job.window_blocks:
+            readers = self._window_reads[block]
+            readers.discard(job_id)
+            if not readers:
+                del self._window_reads[block]
         req = self._requests[job.request_id]
         req.jobs.discard(job_id)
         n = len(job.keys)
@@ -579,11 +610,11 @@ class OffloadScheduler:
             return bool(req.block_ids)
         return any(state.block_ids for state in req.groups)
 
-    @staticmethod
-    def _drop_tables(req: _Request) -> None:
+    def _drop_tables(self, req: _Request) -> None:
         req.block_ids = []
         for state in req.groups or ():
             state.block_ids = []
+        self._tabled.discard(req.request_id)
 
     def _rank(self, req: _Request) -> int:
         if req.rank is None:
@@ -599,12 +630,19 @@ class OffloadScheduler:
         req.keys.extend_chunk_keys(block_hashes, self.config.blocks_per_chunk, _GROUP_IDX)
 
     def _track(
-        self, kind: Literal["store", "load"], req: _Request, keys: KeyList, blocks: IntArray
+        self,
+        kind: Literal["store", "load"],
+        req: _Request,
+        keys: KeyList,
+        blocks: IntArray,
+        window_blocks: tuple[int, ...] = (),
     ) -> int:
         job_id = self._next_job_id
         self._next_job_id += 1
-        self._jobs[job_id] = _InFlight(kind, req.request_id, keys, blocks)
+        self._jobs[job_id] = _InFlight(kind, req.request_id, keys, blocks, window_blocks)
         req.jobs.add(job_id)
+        for block in window_blocks:
+            self._window_reads.setdefault(block, set()).add(job_id)
         return job_id
 
     def _check_update(self, u: RequestUpdate) -> _CheckedUpdate:
@@ -708,6 +746,7 @@ class OffloadScheduler:
         for state, t in zip(req.groups, tables, strict=True):
             state.block_ids = t.tolist()
         req.new_tables = True
+        self._tabled.add(req.request_id)
 
     def _lookup_groups(self, req: _Request, num_local: int, num_tokens: int) -> int | None:
         assert self.hybrid is not None and req.groups is not None
@@ -804,6 +843,7 @@ class OffloadScheduler:
         groups, chunks = offer.groups[plan.indices], offer.chunks[plan.indices]
         counts = np.bincount(groups, minlength=self.hybrid.num_groups).tolist()
         blocks, parts = [], []
+        window_blocks: list[int] = []
         for g, n in enumerate(counts):
             if not n:
                 continue
@@ -812,9 +852,11 @@ class OffloadScheduler:
             table = np.asarray(req.groups[g].block_ids[lo * bpc : hi * bpc], dtype=np.int64)
             blocks.append(table.reshape(-1, bpc)[mine - lo].reshape(-1))
             parts.append(GroupSlice(g, n, n * bpc))
+            if self.hybrid.groups[g].kind != "full":
+                window_blocks.extend(b for b in blocks[-1].tolist() if b != NULL_BLOCK)
         assert isinstance(plan.keys, KeyList)
         src = np.concatenate(blocks)
-        job_id = self._track("store", req, plan.keys, src)
+        job_id = self._track("store", req, plan.keys, src, tuple(window_blocks))
         self._stats.store_jobs += 1
         return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, chunks, tuple(parts))
 
@@ -831,22 +873,26 @@ class OffloadScheduler:
             batch.chunks[order].tobytes(),
         )
 
-    def _drop_reallocated(self, checked: list[_CheckedUpdate], realloc: set[int]) -> None:
-        """Before this step's new blocks are appended (see `HybridPlanner.drop_reallocated`)."""
+    def _plan_reallocation(self, realloc: set[int]) -> list[int]:
+        """The stores in flight reading a window block handed out again (wait for them), and
+        the tables that must not be read there any more (`HybridPlanner.drop_reallocated`);
+        before this step's new blocks are appended."""
         assert self.hybrid is not None
         window = self.hybrid.window_groups()
-        ends = {
-            c.req.request_id: [len(c.req.groups[g].block_ids) for g in window]  # type: ignore[index]
-            for c in checked
-            if c.group_blocks
-        }
-        for req in self._requests.values():
-            if req.groups is None or req.finished:
+        reads = self._window_reads
+        flush = sorted({j for b in realloc if b in reads for j in reads[b]}) if reads else []
+        for rid in list(self._tabled):
+            req = self._requests.get(rid)
+            if req is None or req.finished:
+                self._tabled.discard(rid)
                 continue
             if req.new_tables:
                 req.new_tables = False
                 continue
-            self.hybrid.drop_reallocated(req.groups, ends.get(req.request_id), realloc)
+            if realloc and window:
+                assert req.groups is not None
+                self.hybrid.drop_reallocated(req.groups, realloc)
+        return flush
 
     def _jobs_touching(self, realloc: IntArray) -> list[int]:
         if not self._jobs or not realloc.size:
