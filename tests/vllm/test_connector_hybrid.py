@@ -300,3 +300,66 @@ def test_eagle_groups_store_their_last_chunk_only_once_the_request_finished(
     rig.run()
     assert rig.external_hits["b"] == 48
     assert per_group(rig.loaded_keys["b"]) == {SLIDING: 2, 1: 4, 2: 4}
+
+
+def test_a_reset_while_a_window_freed_blocks_stores_none_of_them_again(model_dir, is_async):
+    """ "a" decodes long after storing its window tail; its window has freed those blocks and
+    vLLM gave them to "c". A connector reset (the GPU reset fails: a runs) restarts a's stores
+    at chunk 0: the freed ids below its old frontier must not be stored again (they hold c's
+    KV). b, a's prompt, then loads only KV that is a's (the rig checks every byte).
+
+    vLLM's own connector zeroes stale ids only from the frontier on, so through KVOffloadSpec
+    (vLLM's scheduler logic) this case stores c's KV under a's keys: not tested there."""
+    rig = hybrid_rig(
+        model_dir, "kvoffload", is_async, num_gpu_blocks=64, max_num_batched_tokens=256
+    )
+    rig.add("a", prompt(1, 60), 60)
+    while len(rig.outputs["a"]) < 50:
+        assert rig.step_once()
+    rig.add("c", prompt(3, 60), 3)
+    for _ in range(3):
+        assert rig.step_once()
+    assert not rig.scheduler.reset_prefix_cache(reset_connector=True)  # only the tier resets
+    rig.run()
+    rig.reset_gpu_prefix_cache()
+    rig.add("b", prompt(1, 60), 2)
+    rig.run()
+    assert rig.outputs["b"] == model_outputs(prompt(1, 60), 2)
+    assert rig.checked_positions["b"] >= 59
+
+
+@pytest.mark.parametrize("geometry", ["full", "full+swa"])
+def test_a_reset_right_after_a_request_finished_plans_no_store_from_its_freed_blocks(
+    model_dir, seam, geometry
+):
+    """ "a" finishes with every chunk stored (its blocks are freed at once); the tier is reset
+    before the next step, and "c" gets a's blocks in that step. a's final store must not be
+    planned from chunk 0 over its old table: "b" (a's prompt; on the hybrid model after "d" stored
+    its own window tail at 84) then loads only a's and d's KV (the rig checks every byte), or
+    nothing (the reset emptied the tier of a's chunks)."""
+    kw: dict[str, Any] = {"window": 20} if geometry != "full" else {}
+    blocks, batch, c_len = (64, 256, 120) if geometry != "full" else (20, 64, 60)
+    rig = make_rig(
+        model_dir,
+        connector=seam,
+        geometry=geometry,
+        num_gpu_blocks=blocks,
+        max_num_batched_tokens=batch,
+        **kw,
+    )
+    rig.add("a", prompt(1, 60), 3)
+    while len(rig.outputs["a"]) < 3:
+        assert rig.step_once()
+    assert rig.scheduler.reset_prefix_cache(reset_connector=True)
+    rig.add("c", prompt(3, c_len), 3)
+    rig.run()
+    rig.reset_gpu_prefix_cache()
+    tokens = prompt(1, 60) + (prompt(5, 30) if geometry != "full" else [])
+    if geometry != "full":
+        rig.add("d", tokens, 2)
+        rig.run()
+        rig.reset_gpu_prefix_cache()
+    rig.add("b", tokens, 2)
+    rig.run()
+    assert rig.outputs["b"] == model_outputs(tokens, 2)
+    assert rig.external_hits["b"] == (84 if geometry != "full" else 0)

@@ -38,9 +38,9 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.kv_offload.base import LookupResult
 from vllm.v1.request import RequestStatus
 
-from kvoffload.scheduler.groups import KVGroup, cdiv, prefix_hits, window_hits
+from kvoffload.scheduler.groups import KVGroup, cdiv, window_hits
 from kvoffload.scheduler.hybrid import GroupState, HybridPlanner
-from kvoffload.store import KeyList
+from kvoffload.store import CpuStore, KeyList
 
 ABSENT, PENDING, READY = 0, 1, 2
 TO_VLLM = {ABSENT: LookupResult.MISS, PENDING: LookupResult.HIT_PENDING, READY: LookupResult.HIT}
@@ -157,7 +157,7 @@ def test_window_hits_exhaustive_small() -> None:
                     assert ours == theirs, (status, window, first)
 
 
-# --- 2. prefix_hits vs _maximal_prefix_lookup --------------------------------------------------
+# --- 2. CpuStore.lookup_prefix vs _maximal_prefix_lookup ------------------------------------
 
 
 def vllm_prefix_lookup(status: list[int]) -> int | None:
@@ -175,7 +175,7 @@ def vllm_prefix_lookup(status: list[int]) -> int | None:
     )
 
 
-def test_prefix_hits_matches_maximal_prefix_lookup() -> None:
+def test_lookup_prefix_matches_maximal_prefix_lookup() -> None:
     import itertools
 
     rng = random.Random(2)
@@ -183,7 +183,15 @@ def test_prefix_hits_matches_maximal_prefix_lookup() -> None:
     cases += [random_status(rng, rng.randint(0, 40)) for _ in range(5000)]
     for status in cases:
         theirs = vllm_prefix_lookup(status)
-        assert prefix_hits(np.array(status, dtype=np.uint8)) == theirs, status
+        # Our full-attention lookup: the real store's lookup_prefix (a key being stored defers).
+        store = CpuStore(max(1, len(status)))
+        keys = [i.to_bytes(8, "big") for i in range(len(status))]
+        present = [k for k, st in zip(keys, status, strict=True) if st != ABSENT]
+        if present:
+            store.prepare_store(present)
+            store.complete_store([k for k, st in zip(keys, status, strict=True) if st == READY])
+        hits, pending = store.lookup_prefix(keys)
+        assert (None if pending else hits) == theirs, status
 
 
 # --- 3. window sizes in chunks -----------------------------------------------------------------

@@ -77,16 +77,6 @@ class KVGroup:
         return window
 
 
-def prefix_hits(status: npt.NDArray[np.uint8]) -> int | None:
-    """Leading keys present (ready or being stored), or `None` when one of them is being stored
-    (ask again)."""
-    absent = np.flatnonzero(status == _ABSENT)
-    end = int(absent[0]) if absent.size else len(status)
-    if (status[:end] == _PENDING).any():
-        return None
-    return end
-
-
 def window_hits(status: npt.NDArray[np.uint8], window: int, first_window: int) -> int | None:
     """The end of the last run of `window` present keys, scanning from the end; the run that
     reaches the end needs `first_window` (a partial rightmost chunk). With no such run, the

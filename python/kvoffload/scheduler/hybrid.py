@@ -109,7 +109,6 @@ class HybridPlanner:
         full = tuple(i for i, w in enumerate(self._window) if w is None)
         # Larger windows first (a stable sort: ties keep the group order).
         sliding = sorted(windowed, key=lambda i: self._window[i] or 0, reverse=True)
-        self._full = full
         self._sliding = tuple(sliding)
         self._order = full + self._sliding
         self.has_window = bool(sliding)

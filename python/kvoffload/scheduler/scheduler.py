@@ -564,12 +564,21 @@ class OffloadScheduler:
 
     def reset(self) -> None:
         """Empties the CPU tier (`CpuStore.reset`) and starts every live request's stores over:
-        each offers its chunks again from the first, with a new rank."""
+        each offers its chunks again from the first, with a new rank. A request that finished
+        and whose blocks the engine freed must be finished (`finish_request`) first: its final
+        store would read them from the first chunk."""
         self.store.reset()
+        window = () if self.hybrid is None else self.hybrid.window_groups()
+        bpc = self.config.blocks_per_chunk
         for req in self._requests.values():
             req.stored_chunks = 0
             req.rank = None
-            for state in req.groups or ():
+            for g, state in enumerate(req.groups or ()):
+                if g in window:
+                    # Blocks behind the frontier were never checked for reallocation (the window
+                    # may have freed them long ago): they are not stored again.
+                    frontier = min(state.next_stored * bpc, len(state.block_ids))
+                    state.block_ids[:frontier] = [NULL_BLOCK] * frontier
                 state.next_stored = 0
                 state.used = set()
 

@@ -299,6 +299,12 @@ class SchedulerSide:
         return None if stats.is_empty() else stats
 
     def reset_cache(self) -> bool:
+        # Requests that finished since the last step may have had their blocks freed: they end
+        # without their final stores, which would otherwise be planned from chunk 0 over blocks
+        # now another request's (vLLM's connector drops their state too).
+        finals = [(rid, None) for rid in self._finishing]
+        self._finishing.clear()
+        self.scheduler.finish_requests(finals)
         self.scheduler.reset()
         return True
 
