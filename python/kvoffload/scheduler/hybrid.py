@@ -85,6 +85,9 @@ class HybridPlanner:
         self.groups = tuple(groups)
         if not self.groups:
             raise ValueError("groups is empty: at least one KV-cache group is needed")
+        for i, group in enumerate(self.groups):
+            if not isinstance(group, KVGroup):
+                raise ValueError(f"groups[{i}]={group!r} is invalid: expected a KVGroup")
         self.tpb = tokens_per_block
         self.bpc = blocks_per_chunk
         self.tpc = tokens_per_block * blocks_per_chunk
@@ -95,14 +98,12 @@ class HybridPlanner:
                 f"retention_interval={retention_interval!r} is invalid: None or an int >= 0"
             )
         windowed = [i for i, g in enumerate(self.groups) if g.kind != "full"]
-        if (
-            retention_interval
-            and any(self.groups[i].kind == "sliding" for i in windowed)
-            and retention_interval % self.tpc
-        ):
+        if windowed and retention_interval and retention_interval % self.tpc:
+            # vLLM refuses it for every window group.
             raise ValueError(
-                f"prefix_cache_retention_interval={retention_interval} must be a multiple of "
-                f"the chunk ({self.tpc} tokens) for a model with sliding-window layers"
+                f"retention_interval={retention_interval} (vLLM's "
+                "prefix_cache_retention_interval) is invalid for a model with window layers; "
+                f"allowed: a multiple of the chunk ({self.tpc} tokens)"
             )
         self.retention_interval = retention_interval
         self._window = [g.window_chunks(self.tpc) for g in self.groups]
@@ -279,6 +280,12 @@ class HybridPlanner:
             if not live.size:
                 continue
             start = first_fresh + int(live[0])
+            if (table[start:num_blocks] == NULL_BLOCK).any():
+                raise ValueError(
+                    f"block_ids of group {gi} has the null block (0) among the blocks "
+                    f"{start}..{num_blocks - 1} the load writes; allowed: null blocks only "
+                    "before a window"
+                )
             first_chunk = start // bpc
             picked.append((gi, np.arange(first_chunk, end_chunk, dtype=np.int64)))
             blocks.append(table[start:num_blocks])

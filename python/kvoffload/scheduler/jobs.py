@@ -49,7 +49,8 @@ class LoadJob:
     first_chunk: int
     parts: tuple[GroupSlice, ...] = ()
     """With several KV-cache groups: each group's slots and blocks, in order, each with its own
-    skip (`skip_leading_blocks` is then 0); `()`: one group."""
+    skip; the contract above then holds per part (`skip_leading_blocks` is 0 and `first_chunk`
+    is the earliest part's). `()`: one group."""
 
 
 @dataclass(frozen=True)

@@ -180,16 +180,15 @@ class OffloadScheduler:
         `retention_interval` (vLLM's `prefix_cache_retention_interval`) says at which boundaries
         a sliding-window group keeps what a hit reads (`HybridPlanner`)."""
         self.config = config
-        self.hybrid = (
-            None
-            if groups is None or tuple(groups) == (KVGroup(),)
-            else HybridPlanner(
-                groups,
-                config.tokens_per_block,
-                config.blocks_per_chunk,
-                retention_interval=retention_interval,
-            )
+        groups = None if groups is None else tuple(groups)
+        # Checked with one group too: a bad value is a bad value.
+        planner = HybridPlanner(
+            (KVGroup(),) if groups is None else groups,
+            config.tokens_per_block,
+            config.blocks_per_chunk,
+            retention_interval=retention_interval,
         )
+        self.hybrid = None if groups in (None, (KVGroup(),)) else planner
         if self.hybrid is not None and remote is not None:
             raise ValueError(
                 "a shared tier (remote) is not supported with several KV-cache groups yet"
@@ -304,6 +303,13 @@ class OffloadScheduler:
         req = self._request(request_id)
         num_local_tokens = _count("num_local_tokens", num_local_tokens)
         num_tokens = _count("num_tokens", num_tokens)
+        tpb = self.config.tokens_per_block
+        if req.groups is not None and num_local_tokens % tpb:
+            raise ValueError(
+                f"num_local_tokens={num_local_tokens} for request {request_id!r} is invalid: "
+                f"with several KV-cache groups a local prefix is whole GPU blocks (a multiple "
+                f"of tokens_per_block={tpb})"
+            )
         # (Re)starting at token 0: the engine hands over the whole block table in on_allocated.
         self._drop_tables(req)
         req.stored_chunks = 0
@@ -740,12 +746,18 @@ class OffloadScheduler:
         n = self.hybrid.num_groups
         if empty_ok and len(values) == 0:
             return []
+        allowed = f"expected {n} sequences of GPU block ids, one per KV-cache group"
+        if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
+            raise ValueError(f"{name}={_short(values)} is invalid: {allowed}")
         if len(values) != n or any(isinstance(v, (int, np.integer)) for v in values):
+            raise ValueError(f"{name}={_short(values)} is invalid: {allowed}")
+        tables = [_block_ids(f"{name}[{g}]", v) for g, v in enumerate(values)]  # type: ignore[arg-type]
+        if len({len(t) for t in tables}) > 1:
+            # Every group's table covers the request's tokens (vLLM's are of one length).
             raise ValueError(
-                f"{name}={_short(values)} is invalid: expected {n} sequences of GPU block ids, "
-                f"one per KV-cache group"
+                f"{name} has tables of lengths {[len(t) for t in tables]}: {allowed}, of one length"
             )
-        return [_block_ids(f"{name}[{g}]", v) for g, v in enumerate(values)]  # type: ignore[arg-type]
+        return tables
 
     def _set_tables(self, req: _Request, table: IntArray, tables: list[IntArray] | None) -> None:
         if tables is None:

@@ -137,6 +137,7 @@ def kv_groups_of(kv_cache_config: KVCacheConfig) -> tuple[KVGroup, ...]:
         ChunkedLocalAttentionSpec,
         CrossAttentionSpec,
         FullAttentionSpec,
+        RSWASpec,
         SinkFullAttentionSpec,
         SlidingWindowSpec,
         UniformTypeKVCacheSpecs,
@@ -166,7 +167,9 @@ def kv_groups_of(kv_cache_config: KVCacheConfig) -> tuple[KVGroup, ...]:
         elif isinstance(spec, ChunkedLocalAttentionSpec):
             out.append(KVGroup("chunked_local", spec.attention_chunk_size, eagle=eagle))
         elif isinstance(spec, FullAttentionSpec) and not isinstance(
-            spec, (SinkFullAttentionSpec, CrossAttentionSpec)
+            # RSWA frees gap blocks while a request runs, which only window groups may do here.
+            spec,
+            (SinkFullAttentionSpec, CrossAttentionSpec, RSWASpec),
         ):
             out.append(KVGroup(eagle=eagle))
         else:

@@ -1,0 +1,123 @@
+"""`OffloadScheduler` with two KV-cache groups (a sliding window of 8 tokens, group 0, beside full
+attention, group 1), driven directly: 4-token blocks, 12-token chunks. A 24-token prompt stores
+its two full-attention chunks and the sliding chunk a hit at 12 reads (blocks 1 and 2: the
+window's 7 tokens before it); the same prompt then loads 12 tokens, per group from its first
+block the window keeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoffload.scheduler import (
+    GroupSlice,
+    KVGroup,
+    OffloadConfig,
+    OffloadScheduler,
+    RequestUpdate,
+)
+
+GROUPS = (KVGroup("sliding", 8), KVGroup())
+HASHES = [bytes([i]) * 32 for i in range(6)]
+
+
+def scheduler(**kw) -> OffloadScheduler:
+    config = OffloadConfig(tokens_per_block=4, blocks_per_chunk=3, cpu_bytes_to_use=64 * 100)
+    return OffloadScheduler.create(config, 100, groups=GROUPS, **kw)
+
+
+def stored(s: OffloadScheduler) -> OffloadScheduler:
+    """ "a" computes its 24-token prompt and finishes; its stores complete."""
+    s.add_request("a", 24)
+    assert s.lookup("a", 0, 24, HASHES) == 0
+    s.on_allocated("a", [[11, 12, 13, 14, 15, 16], [1, 2, 3, 4, 5, 6]])
+    (job,) = s.plan_step([RequestUpdate("a", 24, 24, block_hashes=HASHES)]).store_jobs
+    assert job.parts == (GroupSlice(0, 1, 3), GroupSlice(1, 2, 6))
+    assert job.gpu_block_ids.tolist() == [11, 12, 13, 1, 2, 3, 4, 5, 6]
+    assert job.chunk_indices.tolist() == [0, 0, 1]
+    s.complete_job(job.job_id, True)
+    s.finish_request("a")
+    return s
+
+
+def test_a_repeat_loads_each_group_from_its_first_live_block():
+    s = stored(scheduler())
+    s.add_request("b", 24)
+    # The hit stops a token short of the prompt, on a chunk: 12 tokens.
+    assert s.lookup("b", 0, 24, HASHES) == 12
+    load = s.on_allocated("b", [[0, 21, 22, 23, 24, 25], [31, 32, 33, 34, 35, 36]], 12)
+    assert load is not None
+    assert load.parts == (GroupSlice(0, 1, 2, 1), GroupSlice(1, 1, 3, 0))
+    assert load.gpu_block_ids.tolist() == [21, 22, 31, 32, 33]
+    assert len(load.slots) == 2 and load.num_tokens == 12
+
+
+@pytest.mark.parametrize(
+    ("tables", "match"),
+    [
+        ([21, 22, 23], "expected 2 sequences of GPU block ids, one per KV-cache group"),
+        ([[21, 22, 23]], "expected 2 sequences"),
+        (None, "expected 2 sequences"),
+        ([[0, 21, 22], [31, 32]], r"tables of lengths \[3, 2\]"),
+        ([[0, 21, -1], [31, 32, 33]], r"block_ids\[0\]=\[0, 21, -1\] is invalid"),
+        ([[0, 21, 0], [31, 32, 33]], "group 0 has the null block"),
+    ],
+)
+def test_bad_tables_are_refused_and_change_nothing(tables, match):
+    s = stored(scheduler())
+    s.add_request("b", 24)
+    assert s.lookup("b", 0, 24, HASHES) == 12
+    with pytest.raises(ValueError, match=match):
+        s.on_allocated("b", tables, 12)
+    # Nothing was pinned: the same load goes through with good tables.
+    assert s.on_allocated("b", [[0, 21, 22], [31, 32, 33]], 12) is not None
+
+
+def test_a_local_prefix_of_part_of_a_block_is_refused():
+    s = stored(scheduler())
+    s.add_request("b", 24)
+    with pytest.raises(ValueError, match=r"num_local_tokens=5 .*multiple of tokens_per_block=4"):
+        s.lookup("b", 5, 24, HASHES)
+    assert s.lookup("b", 4, 24, HASHES) == 0  # 8 more tokens: less than a chunk (as vLLM)
+
+
+def test_bad_new_blocks_are_refused_before_any_plan():
+    s = scheduler()
+    s.add_request("a", 24)
+    s.lookup("a", 0, 24, HASHES)
+    s.on_allocated("a", [[11, 12, 13], [1, 2, 3]])
+    with pytest.raises(ValueError, match=r"new_block_ids=.* expected 2 sequences"):
+        s.plan_step([RequestUpdate("a", 24, 24, [14, 15], HASHES)])
+    assert s.plan_step([RequestUpdate("a", 24, 24, [[14, 15, 16], [4, 5, 6]], HASHES)]).store_jobs
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"groups": [KVGroup(), "sliding"]}, r"groups\[1\]='sliding' is invalid"),
+        ({"groups": []}, "groups is empty"),
+        ({"groups": None, "retention_interval": -5}, "retention_interval=-5 is invalid"),
+        (
+            {"groups": [KVGroup("chunked_local", 24), KVGroup()], "retention_interval": 5},
+            r"retention_interval=5 .* a multiple of the chunk \(12 tokens\)",
+        ),
+    ],
+)
+def test_bad_groups_stop_construction_naming_the_parameter(kw, match):
+    config = OffloadConfig(tokens_per_block=4, blocks_per_chunk=3, cpu_bytes_to_use=6400)
+    with pytest.raises(ValueError, match=match):
+        OffloadScheduler.create(config, 100, **kw)
+
+
+@pytest.mark.parametrize(
+    ("group", "match"),
+    [
+        (dict(kind="mamba"), "kind='mamba' is invalid"),
+        (dict(kind="sliding"), "window=0 of a sliding group is invalid"),
+        (dict(kind="full", window=8), "window=8 of a full group is invalid"),
+        (dict(kind="sliding", window=8, extra_retained_tokens=-1), "extra_retained_tokens=-1"),
+        (dict(eagle=1), "eagle=1 is invalid"),
+    ],
+)
+def test_bad_group_specs_are_refused(group, match):
+    with pytest.raises(ValueError, match=match):
+        KVGroup(**group)
