@@ -885,14 +885,11 @@ class OffloadScheduler:
         """The keys the request used, head to tail (by chunk, then group), as vLLM refreshes
         them when a request finishes."""
         assert self.hybrid is not None and req.groups is not None
-        picked = [(g, np.fromiter(s.used, np.int64, len(s.used))) for g, s in enumerate(req.groups)]
-        batch = self.hybrid.batch(req.groups, picked)
-        order = np.lexsort((batch.groups, batch.chunks))
-        return KeyList.gather(
-            [s.keys for s in req.groups],
-            batch.groups[order].tobytes(),
-            batch.chunks[order].tobytes(),
-        )
+        used = [(chunk, g) for g, state in enumerate(req.groups) for chunk in state.used]
+        used.sort()
+        chunks = np.asarray([c for c, _ in used], dtype=np.int64)
+        groups = np.asarray([g for _, g in used], dtype=np.int64)
+        return KeyList.gather([s.keys for s in req.groups], groups.tobytes(), chunks.tobytes())
 
     def _plan_reallocation(self, realloc: set[int]) -> list[int]:
         """The stores in flight reading a window block handed out again (wait for them), and
