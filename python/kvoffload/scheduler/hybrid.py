@@ -109,10 +109,10 @@ class HybridPlanner:
         self._window = [g.window_chunks(self.tpc) for g in self.groups]
         full = tuple(i for i, w in enumerate(self._window) if w is None)
         # Larger windows first (a stable sort: ties keep the group order).
-        sliding = sorted(windowed, key=lambda i: self._window[i] or 0, reverse=True)
-        self._sliding = tuple(sliding)
-        self._order = full + self._sliding
-        self.has_window = bool(sliding)
+        self._windowed = tuple(sorted(windowed, key=lambda i: self._window[i] or 0, reverse=True))
+        """Sliding-window and chunked-local groups."""
+        self._order = full + self._windowed
+        self.has_window = bool(windowed)
         self.num_groups = len(self.groups)
 
     def new_state(self) -> list[GroupState]:
@@ -217,7 +217,7 @@ class HybridPlanner:
                         pending_groups = self._order
                     elif looked_up_window and not pending_groups:
                         # The window groups already asked must hold at the new boundary too.
-                        pending_groups = self._sliding
+                        pending_groups = self._windowed
                 looked_up_window |= window is not None
                 num_hit = new_hit
         if deferred:
@@ -375,7 +375,7 @@ class HybridPlanner:
         engine handed out again (`realloc`) no longer hold this request's KV, so the chunks not
         yet offered must not read them. Call it before this step's new blocks are appended."""
         bpc = self.bpc
-        for gi in self._sliding:
+        for gi in self._windowed:
             table = states[gi].block_ids
             first = states[gi].next_stored * bpc
             if first >= len(table) or realloc.isdisjoint(table[first:]):
@@ -385,7 +385,7 @@ class HybridPlanner:
                     table[j] = NULL_BLOCK
 
     def window_groups(self) -> tuple[int, ...]:
-        return self._sliding
+        return self._windowed
 
 
 _EMPTY: IntArray = np.empty(0, dtype=np.int64)
