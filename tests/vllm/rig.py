@@ -516,18 +516,35 @@ def make_rig(
             )
         ],
     )
-    cls = AsyncScheduler if is_async else Scheduler
-    scheduler = cls(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=tpb,
-        log_stats=True,
-    )
+    scheduler = _scheduler(vllm_config, kv_cache_config, is_async)
     kv_caches = {
         name: torch.zeros((num_gpu_blocks, 2, tpb, NUM_KV_HEADS, HEAD_SIZE), dtype=torch.float16)
         for name in LAYERS
     }
+    worker = _worker(vllm_config, kv_cache_config, kv_caches, connector, vllm_worker)
+    bpc = chunk_tokens // tpb
+    return Rig(scheduler, worker, kv_caches, vllm_config, is_async, tpb=tpb, verify=verify, bpc=bpc)
+
+
+def _scheduler(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, is_async: bool) -> Any:
+    cls = AsyncScheduler if is_async else Scheduler
+    return cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=vllm_config.cache_config.block_size,
+        log_stats=True,
+    )
+
+
+def _worker(
+    vllm_config: VllmConfig,
+    kv_cache_config: KVCacheConfig,
+    kv_caches: dict[str, torch.Tensor],
+    connector: str,
+    vllm_worker: Callable[..., Any] | None,
+) -> Any:
+    """The worker half built by vLLM's connector factory, with `kv_caches` registered."""
     worker = KVConnectorFactory.create_connector(
         config=vllm_config, role=KVConnectorRole.WORKER, kv_cache_config=kv_cache_config
     )
@@ -537,8 +554,7 @@ def make_rig(
         spec.get_worker = lambda canonical: vllm_worker(canonical, spec)
     with set_current_vllm_config(vllm_config):
         worker.register_kv_caches(kv_caches)
-    bpc = chunk_tokens // tpb
-    return Rig(scheduler, worker, kv_caches, vllm_config, is_async, tpb=tpb, verify=verify, bpc=bpc)
+    return worker
 
 
 def _hybrid_specs(geometry: str, tpb: int, window: int) -> dict[str, KVCacheSpec]:
@@ -592,14 +608,7 @@ def _hybrid_rig(
         vllm_config, groups, per_block * num_gpu_blocks
     )
     assert kv_cache_config.num_blocks == num_gpu_blocks, kv_cache_config
-    cls = AsyncScheduler if is_async else Scheduler
-    scheduler = cls(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=tpb,
-        log_stats=True,
-    )
+    scheduler = _scheduler(vllm_config, kv_cache_config, is_async)
     raw = torch.zeros(kv_cache_config.kv_cache_tensors[0].size, dtype=torch.uint8)
     views: dict[str, torch.Tensor] = {}
     for tensor in kv_cache_config.kv_cache_tensors:
@@ -616,15 +625,7 @@ def _hybrid_rig(
         [names.index(n) for n in g.layer_names] for g in kv_cache_config.kv_cache_groups
     ]
     attends = [_attended(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
-    worker = KVConnectorFactory.create_connector(
-        config=vllm_config, role=KVConnectorRole.WORKER, kv_cache_config=kv_cache_config
-    )
-    if connector == "vllm":
-        assert vllm_worker is not None, "vLLM's own copy worker needs CUDA: pass vllm_worker"
-        spec = worker.connector_worker.spec
-        spec.get_worker = lambda canonical: vllm_worker(canonical, spec)
-    with set_current_vllm_config(vllm_config):
-        worker.register_kv_caches(kv_caches)
+    worker = _worker(vllm_config, kv_cache_config, kv_caches, connector, vllm_worker)
     bpc = vllm_config.kv_transfer_config.kv_connector_extra_config["block_size"] // tpb
     return Rig(
         scheduler,

@@ -36,11 +36,11 @@ def per_group(keys: list[bytes]) -> dict[int, int]:
 
 
 def hybrid_rig(model_dir: str, seam: str, is_async: bool, **kw: Any) -> Rig:
+    kw.setdefault("geometry", "full+swa")
     return make_rig(
         model_dir,
         connector=seam,
         is_async=is_async,
-        geometry="full+swa",
         window=20,
         vllm_worker=NoCopyWorker,
         verify=seam != "vllm",
@@ -275,14 +275,11 @@ def test_eagle_groups_store_their_last_chunk_only_once_the_request_finished(
     its KV. With offload_prompt_only false and 30 output tokens, the EAGLE groups lag one chunk
     behind what is computed while "a" decodes, and store that chunk when it finishes (89 tokens:
     7 chunks)."""
-    rig = make_rig(
+    rig = hybrid_rig(
         model_dir,
-        connector=any_seam,
-        is_async=is_async,
+        any_seam,
+        is_async,
         geometry="full+swa+draft",
-        window=20,
-        vllm_worker=NoCopyWorker,
-        verify=any_seam != "vllm",
         num_gpu_blocks=96,
         extra={"offload_prompt_only": False},
     )
@@ -337,15 +334,14 @@ def test_a_reset_right_after_a_request_finished_plans_no_store_from_its_freed_bl
     planned from chunk 0 over its old table: "b" (a's prompt; on the hybrid model after "d" stored
     its own window tail at 84) then loads only a's and d's KV (the rig checks every byte), or
     nothing (the reset emptied the tier of a's chunks)."""
-    kw: dict[str, Any] = {"window": 20} if geometry != "full" else {}
     blocks, batch, c_len = (64, 256, 120) if geometry != "full" else (20, 64, 60)
-    rig = make_rig(
+    rig = hybrid_rig(
         model_dir,
-        connector=seam,
+        seam,
+        False,
         geometry=geometry,
         num_gpu_blocks=blocks,
         max_num_batched_tokens=batch,
-        **kw,
     )
     rig.add("a", prompt(1, 60), 3)
     while len(rig.outputs["a"]) < 3:

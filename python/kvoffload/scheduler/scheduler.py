@@ -378,7 +378,10 @@ class OffloadScheduler:
             table = _block_ids("block_ids", block_ids)  # type: ignore[arg-type]
         planned = req.planned_load
         if num_external_tokens == 0:
-            self._set_tables(req, table, tables)
+            if tables is None:
+                req.block_ids = table.tolist()
+            else:
+                self._set_tables(req, tables)
             req.planned_load = None
             return None
         if planned is None or num_external_tokens != planned[1]:
@@ -688,8 +691,9 @@ class OffloadScheduler:
         """Records a checked update and plans the request's stores; cannot fail half-way."""
         c.req.num_tokens = c.num_tokens
         if c.req.groups is not None:
-            for state, blocks in zip(c.req.groups, c.group_blocks or (), strict=False):
-                state.block_ids.extend(blocks.tolist())
+            if c.group_blocks:  # [] when the step allocated nothing
+                for state, blocks in zip(c.req.groups, c.group_blocks, strict=True):
+                    state.block_ids.extend(blocks.tolist())
             return self._store_groups(c.req, c.computed, c.shared_prefix_boundary)
         c.req.block_ids.extend(c.new_blocks.tolist())
         return self._plan_store(c.req, c.computed)
@@ -759,10 +763,7 @@ class OffloadScheduler:
             )
         return tables
 
-    def _set_tables(self, req: _Request, table: IntArray, tables: list[IntArray] | None) -> None:
-        if tables is None:
-            req.block_ids = table.tolist()
-            return
+    def _set_tables(self, req: _Request, tables: list[IntArray]) -> None:
         assert req.groups is not None
         for state, t in zip(req.groups, tables, strict=True):
             state.block_ids = t.tolist()
@@ -797,7 +798,7 @@ class OffloadScheduler:
         slots = self.store.prepare_load(batch.keys, rank=self._rank(req), positions=batch.positions)
         if self.config.eviction_policy == "arc":
             self.store.touch(batch.keys)
-        self._set_tables(req, _NO_BLOCKS, tables)
+        self._set_tables(req, tables)
         req.planned_load = None
         for part in plan.parts:
             req.groups[part.group].used.update(
