@@ -55,6 +55,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
     KVCacheTensor,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
@@ -168,13 +169,20 @@ class Rig:
     layer_groups: list[list[int]] = field(default_factory=lambda: [list(range(NUM_LAYERS))])
     """Per KV-cache group, the indices (into `kv_caches`) of its layers."""
     attends: list[tuple[str, int]] = field(default_factory=lambda: [("full", 0)])
-    """Per group, what its attention reads: ("full", 0), ("sliding", window) or
-    ("chunked_local", attention chunk)."""
+    """Per group, what its attention reads: ("full", 0), ("sliding", window),
+    ("chunked_local", attention chunk) or ("mamba", 0) (one state)."""
+    _state_block: dict[str, int] = field(default_factory=dict)
+    """Per request, the block index its Mamba state was left in (the runner's
+    `mamba_state_idx`)."""
     stored_keys: list[bytes] = field(default_factory=list)
     """Every key a store job wrote, in job order, whichever seam."""
     loaded_keys: dict[str, list[bytes]] = field(default_factory=dict)
     _pending: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
     _tables: dict[str, tuple[list[int], ...]] = field(default_factory=dict)
+
+    @property
+    def mamba_groups(self) -> list[int]:
+        return [g for g, (kind, _) in enumerate(self.attends) if kind == "mamba"]
 
     # --- requests -------------------------------------------------------------------------------
 
@@ -356,6 +364,14 @@ class Rig:
 
     def _forward(self, so: SchedulerOutput) -> tuple[list[str], list[list[int]]]:
         req_ids, sampled = [], []
+        if self.mamba_groups:
+            # The runner forgets where these requests' states were (`cleanup_mamba_state_idx`).
+            for rid in (
+                *so.finished_req_ids,
+                *(so.preempted_req_ids or ()),
+                *so.scheduled_cached_reqs.resumed_req_ids,
+            ):
+                self._state_block.pop(rid, None)
         for rid, n in so.num_scheduled_tokens.items():
             request = self.scheduler.requests[rid]
             # The scheduler has already advanced num_computed_tokens by this step's tokens.
@@ -367,6 +383,8 @@ class Rig:
                 self._check(rid, tables, hashes, start)
                 for pos in range(start, start + n):
                     self._write(tables, pos, hashes[pos])
+                if self.mamba_groups:
+                    self._run_states(rid, tables, hashes, start, start + n)
             req_ids.append(rid)
             if start + n >= len(tokens):
                 tok = next_token(tokens)
@@ -379,9 +397,41 @@ class Rig:
     def _slot(self, t: torch.Tensor, table: list[int], pos: int) -> torch.Tensor:
         return t[table[pos // self.tpb], :, pos % self.tpb].view(torch.int16)
 
+    def _run_states(
+        self, rid: str, tables: tuple[list[int], ...], hashes: list[int], start: int, end: int
+    ) -> None:
+        """A Mamba group as vLLM's runner keeps it in "align" mode (`preprocess_mamba`): the
+        state after `start` tokens is read from the block it was left in (for a new or resumed
+        request, block `(start - 1) // block_size`: a prefix hit's), copied to block
+        `cdiv(end, block_size) - 1`, and the step leaves the state after `end` tokens there."""
+        layers = list(self.kv_caches.values())
+        tpb = self.tpb
+        prev = self._state_block.get(rid, (start - 1) // tpb)
+        curr = -(-end // tpb) - 1
+        self._state_block[rid] = curr
+        for g in self.mamba_groups:
+            table = tables[g]
+            assert table[curr] != 0, (
+                f"request {rid}: the state after {end} tokens is in the null block"
+            )
+            for layer in self.layer_groups[g]:
+                state = layers[layer]
+                if start:
+                    got = state[table[prev]].view(torch.int16)
+                    want = kv_value(hashes[start - 1], layer)
+                    if table[prev] == 0 or not bool((got == want).all()):
+                        raise AssertionError(
+                            f"step {self.step}: request {rid} reads the state after {start} "
+                            f"tokens from block {table[prev]} (index {prev}, group {g}), layer "
+                            f"{layer}: it holds another"
+                        )
+                state[table[curr]].view(torch.int16).fill_(kv_value(hashes[end - 1], layer))
+
     def _write(self, tables: tuple[list[int], ...], pos: int, h: int) -> None:
         layers = list(self.kv_caches.values())
-        for table, members in zip(tables, self.layer_groups, strict=True):
+        for g, (table, members) in enumerate(zip(tables, self.layer_groups, strict=True)):
+            if g in self.mamba_groups:
+                continue
             assert table[pos // self.tpb] != 0, f"position {pos} is computed into the null block"
             for layer in members:
                 self._slot(layers[layer], table, pos).fill_(kv_value(h, layer))
@@ -392,6 +442,8 @@ class Rig:
         layers = list(self.kv_caches.values())
         for g, (table, members) in enumerate(zip(tables, self.layer_groups, strict=True)):
             kind, size = self.attends[g]
+            if kind == "mamba":
+                continue  # `_run_states`
             first = 0
             if kind == "sliding":
                 first = max(0, upto - (size - 1))
@@ -564,6 +616,8 @@ def _hybrid_specs(geometry: str, tpb: int, window: int) -> dict[str, KVCacheSpec
         name = f"model.layers.{i}.self_attn.attn"
         if i % 2:
             specs[name] = FullAttentionSpec(**args, dtype=torch.float16)
+        elif geometry == "full+mamba":
+            specs[f"model.layers.{i}.mixer"] = _mamba_spec(tpb)
         elif geometry == "full+local":
             specs[name] = ChunkedLocalAttentionSpec(
                 **args, dtype=torch.float16, attention_chunk_size=window
@@ -575,11 +629,28 @@ def _hybrid_specs(geometry: str, tpb: int, window: int) -> dict[str, KVCacheSpec
             specs[f"drafter.layers.{i}.self_attn.attn"] = FullAttentionSpec(
                 **args, dtype=torch.float16, is_draft=True
             )
-    elif geometry not in ("full+swa", "full+local"):
+    elif geometry not in ("full+swa", "full+local", "full+mamba"):
         raise ValueError(
-            f"geometry={geometry!r}; allowed: full, full+swa, full+swa+draft, full+local"
+            f"geometry={geometry!r}; allowed: full, full+swa, full+swa+draft, full+local, "
+            "full+mamba"
         )
     return specs
+
+
+MAMBA_SHAPES = ((4, 32), (8, 32))
+"""A Mamba layer's per-block state (conv, ssm), fp16: 768 bytes, padded to an attention page."""
+MAMBA_STATE_BYTES = sum(a * b for a, b in MAMBA_SHAPES) * 2
+
+
+def _mamba_spec(tpb: int) -> MambaSpec:
+    page = 2 * tpb * NUM_KV_HEADS * HEAD_SIZE * 2
+    return MambaSpec(
+        block_size=tpb,
+        shapes=MAMBA_SHAPES,
+        dtypes=(torch.float16, torch.float16),
+        page_size_padded=page,
+        mamba_cache_mode="align",
+    )
 
 
 def _hybrid_rig(
@@ -597,6 +668,8 @@ def _hybrid_rig(
     tpb = vllm_config.cache_config.block_size
     vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
     vllm_config.cache_config.kv_cache_layout = "LBNHC"
+    if geometry == "full+mamba":
+        vllm_config.cache_config.mamba_cache_mode = "align"
     specs = _hybrid_specs(geometry, tpb, window)
     groups = get_global_kv_cache_groups(vllm_config, [specs])
     for group in groups:
@@ -616,9 +689,12 @@ def _hybrid_rig(
         for i, name in enumerate(tensor.layers):
             start = tensor.offset + i * tensor.layer_stride
             region = raw[start : start + num_gpu_blocks * page]
-            views[name] = region.view(torch.float16).view(
-                num_gpu_blocks, 2, tpb, NUM_KV_HEADS, HEAD_SIZE
-            )
+            if isinstance(specs[name], MambaSpec):
+                views[name] = _mamba_view(region, num_gpu_blocks, page)
+            else:
+                views[name] = region.view(torch.float16).view(
+                    num_gpu_blocks, 2, tpb, NUM_KV_HEADS, HEAD_SIZE
+                )
     kv_caches = {name: views[name] for name in specs}
     names = list(specs)
     layer_groups = [
@@ -641,7 +717,16 @@ def _hybrid_rig(
     )
 
 
+def _mamba_view(region: torch.Tensor, num_blocks: int, page: int) -> torch.Tensor:
+    """A Mamba layer's cache as vLLM's runner views it: `[num_blocks, 1, 1, state bytes]`, the
+    page (padded to an attention page) as its block stride."""
+    state = MAMBA_STATE_BYTES
+    return region.as_strided((num_blocks, 1, 1, state), (page, state, state, 1))
+
+
 def _attended(spec: KVCacheSpec) -> tuple[str, int]:
+    if isinstance(spec, MambaSpec):
+        return ("mamba", 0)
     if isinstance(spec, SlidingWindowSpec):
         return ("sliding", spec.sliding_window)
     if isinstance(spec, ChunkedLocalAttentionSpec):

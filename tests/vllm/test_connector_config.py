@@ -55,31 +55,46 @@ def _groups(*specs: object) -> KVCacheConfig:
 _FULL = {"num_kv_heads": 2, "head_size": 32, "dtype": torch.float16}
 
 
+def _mamba(**kw: object) -> MambaSpec:
+    return MambaSpec(block_size=4, shapes=((4, 8),), dtypes=(torch.float16,), **kw)  # type: ignore[arg-type]
+
+
 def test_hybrid_groups_are_planned_as_vllm_plans_them(model_dir):
     rig = make_rig(model_dir)
     config = _groups(
         SlidingWindowSpec(block_size=4, sliding_window=20, **_FULL),
         FullAttentionSpec(block_size=4, **_FULL),
         ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=32, **_FULL),
+        _mamba(mamba_cache_mode="align"),
     )
     settings = ConnectorSettings.from_vllm(rig.vllm_config, config)
     assert settings.groups == (
         KVGroup("sliding", 20),
         KVGroup("full"),
         KVGroup("chunked_local", 32),
+        KVGroup("mamba"),
     )
-    assert settings.group_layers == (("l0",), ("l1",), ("l2",))
+    assert settings.group_layers == (("l0",), ("l1",), ("l2",), ("l3",))
 
 
 @pytest.mark.parametrize(
     ("specs", "match"),
     [
         (
+            (FullAttentionSpec(block_size=4, **_FULL), _mamba()),
+            r"group 1 \(MambaSpec\) has mamba_cache_mode='none'.* only in 'align' mode",
+        ),
+        (
+            (FullAttentionSpec(block_size=4, **_FULL), _mamba(mamba_cache_mode="all")),
+            r"group 1 \(MambaSpec\) has mamba_cache_mode='all'",
+        ),
+        (
             (
+                _mamba(mamba_cache_mode="align", num_speculative_blocks=2),
                 FullAttentionSpec(block_size=4, **_FULL),
-                MambaSpec(block_size=4, shapes=((4, 8),), dtypes=(torch.float16,)),
             ),
-            r"group 1 \(MambaSpec\) cannot be offloaded .*Mamba.* not supported yet",
+            r"group 0 \(MambaSpec\) holds speculative-decoding states "
+            r"\(num_speculative_blocks=2",
         ),
         (
             (FullAttentionSpec(block_size=4, **_FULL), FullAttentionSpec(block_size=8, **_FULL)),
@@ -91,6 +106,21 @@ def test_a_hybrid_model_we_cannot_offload_is_refused_naming_its_group(model_dir,
     rig = make_rig(model_dir)
     with pytest.raises(NotSupportedError, match=match):
         ConnectorSettings.from_vllm(rig.vllm_config, _groups(*specs))
+
+
+def test_hashes_finer_than_a_block_are_refused_for_a_hybrid_model(model_dir):
+    """vLLM's `prefix_match_unit` can hash a hybrid model's prompts every few tokens: a chunk's
+    key would then name the tokens of a smaller prefix than its blocks hold."""
+    rig = make_rig(model_dir)
+    config = _groups(
+        FullAttentionSpec(block_size=4, **_FULL),
+        SlidingWindowSpec(block_size=4, sliding_window=20, **_FULL),
+    )
+    config.hash_block_size = 2
+    with pytest.raises(NotSupportedError, match=r"hashes prompts every 2 tokens.*4-token blocks"):
+        ConnectorSettings.from_vllm(rig.vllm_config, config)
+    config.hash_block_size = 4
+    assert len(ConnectorSettings.from_vllm(rig.vllm_config, config).groups) == 2
 
 
 def test_a_shared_tier_is_refused_for_a_hybrid_model(model_dir):

@@ -11,7 +11,7 @@ import random
 from collections import Counter
 
 import pytest
-from rig import NoCopyWorker, make_rig
+from rig import NoCopyWorker, Rig, make_rig
 
 TPB = 16
 
@@ -32,14 +32,16 @@ def conversations(seed: int) -> list[tuple[str, list[int]]]:
     return out
 
 
-def run(model_dir, connector, is_async, requests, *, geometry="full+swa", gpu_blocks=48, **kw):
+def run(
+    model_dir, connector, is_async, requests, *, geometry="full+swa", gpu_blocks=48, batch=256, **kw
+):
     rig = make_rig(
         model_dir,
         connector=connector,
         is_async=is_async,
         vllm_worker=NoCopyWorker,
         tokens_per_block=TPB,
-        max_num_batched_tokens=256,
+        max_num_batched_tokens=batch,
         max_num_seqs=4,
         num_gpu_blocks=gpu_blocks,
         verify=connector != "vllm",
@@ -84,6 +86,32 @@ def test_same_loads_and_stores_as_vllm(
     }
     theirs = run(model_dir, "vllm", is_async, requests, **kw)
     ours = run(model_dir, seam, is_async, requests, **kw)
+    same_decisions(theirs, ours, geometry, cpu_chunks)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize(
+    ("gpu_blocks", "cpu_chunks", "chunk_tokens"), [(40, 200, 16), (40, 40, 16), (32, 12, 64)]
+)
+def test_same_loads_and_stores_as_vllm_with_mamba_states(
+    model_dir, seam, is_async, seed, gpu_blocks, cpu_chunks, chunk_tokens
+):
+    """Mamba ("align" mode) beside full attention. Prefill steps of 64 tokens end on chunk
+    boundaries, where vLLM hands the state over: those are the states stored and hit."""
+    requests = conversations(seed)
+    kw = {
+        "geometry": "full+mamba",
+        "gpu_blocks": gpu_blocks,
+        "cpu_chunks": cpu_chunks,
+        "chunk_tokens": chunk_tokens,
+        "batch": 64,
+    }
+    theirs = run(model_dir, "vllm", is_async, requests, **kw)
+    ours = run(model_dir, seam, is_async, requests, **kw)
+    same_decisions(theirs, ours, "full+mamba", cpu_chunks)
+
+
+def same_decisions(theirs: Rig, ours: Rig, geometry: str, cpu_chunks: int) -> None:
     assert sum(theirs.external_hits.values()) > 0  # the trace loads from the CPU tier
     assert groups_of(theirs.stored_keys)[0] > 0  # and stores window-group chunks
     if geometry != "full+local":  # a hit on an attention-chunk boundary reads no local chunk

@@ -9,6 +9,7 @@ from kvoffload.scheduler.jobs import (
     LoadJob,
     RemoteJob,
     RequestUpdate,
+    StateBlock,
     StepPlan,
     StoreJob,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "RemoteJob",
     "RequestUpdate",
     "SchedulerStats",
+    "StateBlock",
     "StepPlan",
     "StoreJob",
 ]

@@ -1,11 +1,13 @@
 """KV-cache groups of hybrid models, as the scheduler plans them (engine-agnostic).
 
-A hybrid model (sliding-window or chunked-local attention beside full attention) keeps one block
-table per group. Every group has the same block size and chunk; keys differ by the group index
-(a key's last 4 bytes). A full-attention group is hit through its whole prefix, a window group
-only through the chunks its attention reads before the hit boundary, and it stores only the
-chunks a later hit can reach: the rules of vLLM 0.33's `OffloadingConnector`, whose decisions
-these reproduce (see `HybridPlanner` in `hybrid.py`).
+A hybrid model (sliding-window or chunked-local attention, or Mamba / linear-attention layers,
+beside full attention) keeps one block table per group. Every group has the same block size and
+chunk; keys differ by the group index (a key's last 4 bytes). A full-attention group is hit
+through its whole prefix, a window group only through the chunks its attention reads before the
+hit boundary, and it stores only the chunks a later hit can reach; a Mamba group keeps one state
+per request and is hit through the chunk that ends at the boundary, whose key holds the state
+after it: the rules of vLLM 0.33's `OffloadingConnector`, whose decisions these reproduce (see
+`HybridPlanner` in `hybrid.py`).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-GroupKind = Literal["full", "sliding", "chunked_local"]
-GROUP_KINDS: tuple[GroupKind, ...] = ("full", "sliding", "chunked_local")
+GroupKind = Literal["full", "sliding", "chunked_local", "mamba"]
+GROUP_KINDS: tuple[GroupKind, ...] = ("full", "sliding", "chunked_local", "mamba")
 
 _ABSENT, _PENDING = 0, 1  # `KeyStatus` values
 
@@ -31,7 +33,9 @@ class KVGroup:
     """One KV-cache group. `window` is the sliding window (tokens a sliding layer attends,
     itself included) or the attention chunk of chunked-local attention; `extra_retained_tokens`
     are the tokens a sliding group keeps past its window for multi-token speculative decoding;
-    `eagle` marks the draft model's group (EAGLE/MTP), whose last chunk is volatile."""
+    `eagle` marks the draft model's group (EAGLE/MTP), whose last chunk is volatile. A "mamba"
+    group (vLLM's Mamba "align" mode: one state block per request, the states at block
+    boundaries handed to the connector) has no window."""
 
     kind: GroupKind = "full"
     window: int = 0
@@ -41,9 +45,9 @@ class KVGroup:
     def __post_init__(self) -> None:
         if self.kind not in GROUP_KINDS:
             raise ValueError(f"kind={self.kind!r} is invalid; allowed: {', '.join(GROUP_KINDS)}")
-        windowed = self.kind != "full"
+        windowed = self.kind in ("sliding", "chunked_local")
         if type(self.window) is not int or (self.window < 1 if windowed else self.window != 0):
-            allowed = "an int >= 1" if windowed else "0 for full attention"
+            allowed = "an int >= 1" if windowed else f"0 for a {self.kind} group"
             raise ValueError(f"window={self.window!r} of a {self.kind} group is invalid: {allowed}")
         if type(self.extra_retained_tokens) is not int or self.extra_retained_tokens < 0:
             raise ValueError(
@@ -51,11 +55,19 @@ class KVGroup:
             )
         if type(self.eagle) is not bool:
             raise ValueError(f"eagle={self.eagle!r} is invalid: true or false")
+        if self.kind == "mamba" and (self.eagle or self.extra_retained_tokens):
+            # vLLM's draft models have no Mamba layers; a state has no window to extend.
+            raise ValueError(
+                f"a mamba group takes neither eagle={self.eagle!r} nor "
+                f"extra_retained_tokens={self.extra_retained_tokens!r}; allowed: False and 0"
+            )
 
     def window_chunks(self, tokens_per_chunk: int) -> int | None:
         """Chunks a hit needs before its boundary (`None`: the whole prefix)."""
         if self.kind == "full":
             return None
+        if self.kind == "mamba":
+            return 1  # the state after the boundary
         if self.kind == "chunked_local":
             return cdiv(self.window, tokens_per_chunk)
         return max(

@@ -7,6 +7,12 @@ before the boundary, until the hit converges; a hit with a window group stops on
 the request; window groups store only chunks a later hit can reach, and skip chunks whose blocks
 they freed. Block id 0 is the engine's null block (vLLM reserves it): a window group's table holds
 it where the group keeps no KV.
+
+A Mamba group ("align" mode, `_build_aligned_boundary_store_jobs`) is looked up as a window of one
+chunk, and its hits end on a chunk; its table is not positionally stable (the engine moves the
+state between blocks), so it stores nothing from it: the engine hands over the block holding the
+state at each block boundary it commits, and a boundary on a chunk is stored under that chunk's
+key (`state_key`).
 """
 
 from __future__ import annotations
@@ -110,9 +116,12 @@ class HybridPlanner:
         full = tuple(i for i, w in enumerate(self._window) if w is None)
         # Larger windows first (a stable sort: ties keep the group order).
         self._windowed = tuple(sorted(windowed, key=lambda i: self._window[i] or 0, reverse=True))
-        """Sliding-window and chunked-local groups."""
+        """Window groups (Mamba included, a window of one chunk), larger windows first."""
         self._order = full + self._windowed
+        self._freeing = tuple(i for i in self._windowed if self.groups[i].kind != "mamba")
+        """Window groups, which free blocks while their request runs."""
         self.has_window = bool(windowed)
+        self.has_state = any(g.kind == "mamba" for g in self.groups)
         self.num_groups = len(self.groups)
 
     def new_state(self) -> list[GroupState]:
@@ -161,6 +170,9 @@ class HybridPlanner:
         if self.has_window:
             # The last prompt token is recomputed for its logits: keep a hit after that.
             max_hit -= 1
+            if self.has_state:
+                # A state is stored only on a chunk boundary.
+                max_hit = max_hit // tpc * tpc
         num_hit = 0
         deferred = False
         pending_groups = self._order
@@ -322,7 +334,7 @@ class HybridPlanner:
             n = self.storable(group, state, offloadable, decoding, finished)
             ends.append(n)
             start = state.next_stored
-            if n <= start:
+            if n <= start or group.kind == "mamba":  # states come from `state_key`
                 continue
             table = state.block_ids[start * bpc : n * bpc]
             mask = self.reachable(group, start * bpc, n * bpc, boundaries)
@@ -370,12 +382,26 @@ class HybridPlanner:
                     mask[lo - start_block : hi - start_block] = True
         return mask
 
+    def state_key(
+        self, states: list[GroupState], group: int, num_tokens: int, offloadable: int
+    ) -> KeyBatch | None:
+        """The key of Mamba group `group`'s state after `num_tokens` tokens, or `None` when no
+        later hit can use it: not on a chunk boundary, past the `offloadable` tokens, or past the
+        request's keys."""
+        tpc = self.tpc
+        if not 0 < num_tokens <= offloadable or num_tokens % tpc:
+            return None
+        chunk = num_tokens // tpc - 1
+        if chunk >= len(states[group].keys):
+            return None
+        return self.batch(states, [(group, np.array([chunk], dtype=np.int64))])
+
     def drop_reallocated(self, states: list[GroupState], realloc: set[int]) -> None:
         """A window group frees blocks behind its window while the request runs: ids of them the
         engine handed out again (`realloc`) no longer hold this request's KV, so the chunks not
         yet offered must not read them. Call it before this step's new blocks are appended."""
         bpc = self.bpc
-        for gi in self._windowed:
+        for gi in self._freeing:
             table = states[gi].block_ids
             first = states[gi].next_stored * bpc
             if first >= len(table) or realloc.isdisjoint(table[first:]):
@@ -385,7 +411,11 @@ class HybridPlanner:
                     table[j] = NULL_BLOCK
 
     def window_groups(self) -> tuple[int, ...]:
-        return self._windowed
+        """The sliding-window and chunked-local groups: they free blocks their stores read."""
+        return self._freeing
+
+    def is_state(self, group: int) -> bool:
+        return self.groups[group].kind == "mamba"
 
 
 _EMPTY: IntArray = np.empty(0, dtype=np.int64)

@@ -84,6 +84,18 @@ class RequestUpdate:
 
 
 @dataclass(frozen=True)
+class StateBlock:
+    """A state block a Mamba group's request committed in this step (vLLM's "align" mode
+    hand-offs, `boundary_state_offloads`): block `block_id` of group `group` holds the state
+    after the request's first `num_tokens` tokens. Stored when that is a chunk boundary."""
+
+    request_id: str
+    group: int
+    block_id: int
+    num_tokens: int
+
+
+@dataclass(frozen=True)
 class StepPlan:
     store_jobs: list[StoreJob] = field(default_factory=list)
     flush_job_ids: list[int] = field(default_factory=list)

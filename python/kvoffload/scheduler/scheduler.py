@@ -45,6 +45,7 @@ from kvoffload.scheduler.jobs import (
     JobResult,
     LoadJob,
     RequestUpdate,
+    StateBlock,
     StepPlan,
     StoreJob,
 )
@@ -155,7 +156,7 @@ class _InFlight:
     keys: KeyList
     gpu_block_ids: IntArray
     window_blocks: tuple[int, ...] = ()
-    """With several groups: the window groups' blocks a store reads (see `_window_reads`)."""
+    """With several groups: the window and state blocks a store reads (see `_window_reads`)."""
 
 
 class OffloadScheduler:
@@ -201,9 +202,9 @@ class OffloadScheduler:
         self._loads_in_flight = 0
         self._stats = SchedulerStats()
         self._window_reads: dict[int, set[int]] = {}
-        """With several groups: window-group block -> the stores in flight reading it. Only a
-        window group frees blocks while its request still runs (and the engine may hand them
-        out again); every other block a job touches is held by its request."""
+        """With several groups: window-group or state block -> the stores in flight reading it.
+        Only window and Mamba groups free blocks while their request still runs (and the engine
+        may hand them out again); every other block a job touches is held by its request."""
         self._tabled: set[str] = set()
         """With several groups: requests that hold block tables."""
         self.shared_tier = (
@@ -419,15 +420,20 @@ class OffloadScheduler:
         return LoadJob(job_id, request_id, keys, slots, dst, skip, loadable, first)
 
     def plan_step(
-        self, updates: Iterable[RequestUpdate], reallocated_block_ids: Iterable[int] = ()
+        self,
+        updates: Iterable[RequestUpdate],
+        reallocated_block_ids: Iterable[int] = (),
+        state_blocks: Iterable[StateBlock] = (),
     ) -> StepPlan:
         """Call when the engine has scheduled a step, before its forward pass runs: `updates`
         say what the step computes for each running request (and the blocks allocated to it in
-        this schedule), `reallocated_block_ids` every GPU block handed out in this schedule.
-        Returns the stores to submit and the in-flight jobs (stores or loads) that touch a
-        reallocated block: wait for those before the forward pass overwrites it. With several
-        KV-cache groups only window groups' blocks count (the engine holds every other block a
-        job touches until the job is reported), and window tables stop reading reallocated ones.
+        this schedule), `reallocated_block_ids` every GPU block handed out in this schedule,
+        `state_blocks` the Mamba states committed in it (one store each, before the others, as
+        vLLM plans them). Returns the stores to submit and the in-flight jobs (stores or loads)
+        that touch a reallocated block: wait for those before the forward pass overwrites it.
+        With several KV-cache groups only window and state blocks count (the engine holds every
+        other block a job touches until the job is reported), and window tables stop reading
+        reallocated ones.
 
         The whole batch is checked before anything changes: a bad update raises and plans
         nothing."""
@@ -436,6 +442,7 @@ class OffloadScheduler:
         ids = [c.req.request_id for c in checked]
         if len(set(ids)) != len(ids):
             raise ValueError(f"updates name a request twice: {sorted(ids)}")
+        states = [self._check_state(b) for b in state_blocks]
         if self.hybrid is None:
             flush = self._jobs_touching(realloc)
         else:
@@ -443,7 +450,9 @@ class OffloadScheduler:
         promotions, cascades = (
             ([], []) if self.shared_tier is None else self.shared_tier.take_jobs()
         )
-        jobs = [job for c in checked if (job := self._store_update(c)) is not None]
+        tokens = {c.req.request_id: c.num_tokens for c in checked}
+        jobs = [job for b in states if (job := self._store_state(b, tokens)) is not None]
+        jobs += [job for c in checked if (job := self._store_update(c)) is not None]
         return StepPlan(jobs, flush, promotions, cascades)
 
     def preempt_request(self, request_id: str) -> list[int]:
@@ -881,6 +890,59 @@ class OffloadScheduler:
         job_id = self._track("store", req, plan.keys, src, tuple(window_blocks))
         self._stats.store_jobs += 1
         return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, chunks, tuple(parts))
+
+    def _check_state(self, b: StateBlock) -> tuple[_Request, int, int, int]:
+        if not isinstance(b, StateBlock):
+            raise ValueError(f"state_blocks holds {b!r}: expected StateBlock items")
+        req = self._request(b.request_id)
+        if (
+            self.hybrid is None
+            or not (type(b.group) is int and 0 <= b.group < self.hybrid.num_groups)
+            or not self.hybrid.is_state(b.group)
+        ):
+            mamba = (
+                []
+                if self.hybrid is None
+                else [g for g in range(self.hybrid.num_groups) if self.hybrid.is_state(g)]
+            )
+            raise ValueError(
+                f"StateBlock group={b.group!r} of request {b.request_id!r} is invalid; allowed: "
+                f"a mamba group ({', '.join(map(str, mamba)) or 'this model has none'})"
+            )
+        block = _count("StateBlock block_id", b.block_id)
+        return req, b.group, block, _count("StateBlock num_tokens", b.num_tokens)
+
+    def _store_state(
+        self, state: tuple[_Request, int, int, int], num_tokens: dict[str, int]
+    ) -> StoreJob | None:
+        """One Mamba state's store: its block read into the last block of its chunk's slot."""
+        assert self.hybrid is not None
+        req, group, block, boundary = state
+        if block == NULL_BLOCK or req.finished:
+            return None
+        assert req.groups is not None
+        total = num_tokens.get(req.request_id, req.num_tokens)
+        batch = self.hybrid.state_key(
+            req.groups, group, boundary, self._offloadable(req, total, total)
+        )
+        if batch is None:
+            return None
+        if int(self.store.lookup(batch.keys)[0]) != _PENDING:
+            req.groups[group].used.update(batch.chunks.tolist())
+        plan = self.store.prepare_store(batch.keys, rank=self._rank(req), positions=batch.positions)
+        if plan is None:
+            # A hand-off is offered once: vLLM gives it up too.
+            self._stats.store_refusals += 1
+            return None
+        if not plan.keys:
+            return None
+        assert isinstance(plan.keys, KeyList)
+        src = np.array([block], dtype=np.int64)
+        # The engine frees the block once the state has moved on: a reuse waits for the store.
+        job_id = self._track("store", req, plan.keys, src, (block,))
+        self._stats.store_jobs += 1
+        part = GroupSlice(group, 1, 1, self.config.blocks_per_chunk - 1)
+        return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, batch.chunks, (part,))
 
     def _used_keys(self, req: _Request) -> KeyList:
         """The keys the request used, head to tail (by chunk, then group), as vLLM refreshes

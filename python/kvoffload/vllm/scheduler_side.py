@@ -13,7 +13,13 @@ from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 from vllm.v1.request import RequestStatus
 
 from kvoffload.remote import RemoteClient, RemoteLookups, SeedCanary
-from kvoffload.scheduler import LoadJob, OffloadScheduler, RequestUpdate, SchedulerStats
+from kvoffload.scheduler import (
+    LoadJob,
+    OffloadScheduler,
+    RequestUpdate,
+    SchedulerStats,
+    StateBlock,
+)
 from kvoffload.vllm.metadata import KVOffloadMetadata, KVOffloadWorkerMetadata
 from kvoffload.vllm.settings import ConnectorSettings
 from kvoffload.vllm.stats import KVOffloadStats, stats_delta
@@ -68,6 +74,7 @@ class SchedulerSide:
         # Window groups free blocks behind their window while a request runs: blocks handed out
         # again in a step are not read by the stores still to plan, and fence the ones in flight.
         self._watch_reallocation = any(g.kind != "full" for g in settings.groups)
+        self._has_state = any(g.kind == "mamba" for g in settings.groups)
         self._allocated_blocks: set[int] = set()
         self._requests: dict[str, Request] = {}
         self._reports = KVOffloadWorkerMetadata()
@@ -173,7 +180,7 @@ class SchedulerSide:
             for copy in scheduler_output.kv_cache_block_copies or ():
                 allocated.add(copy.dst_block_id)
             allocated.discard(0)  # the null block
-        step = self.scheduler.plan_step(updates, allocated)
+        step = self.scheduler.plan_step(updates, allocated, self._state_blocks(scheduler_output))
         flush.extend(step.flush_job_ids)
         stores = step.store_jobs
         finals = [
@@ -198,6 +205,21 @@ class SchedulerSide:
             if none_hash is not None:
                 self._canary.start(bytes(none_hash))
         return meta
+
+    def _state_blocks(self, scheduler_output: SchedulerOutput) -> list[StateBlock]:
+        """The Mamba "align" states vLLM committed in this step (its exact blocks: a Mamba table
+        is not positionally stable)."""
+        if not self._has_state:
+            return []
+        block_state = scheduler_output.kv_connector_block_state
+        if block_state is None:
+            return []
+        return [
+            StateBlock(rid, group, block_id, num_tokens)
+            for rid, entries in block_state.boundary_state_offloads.items()
+            if self.scheduler.has_request(rid)
+            for group, block_id, num_tokens in entries
+        ]
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         meta = output.kv_connector_worker_meta

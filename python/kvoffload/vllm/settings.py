@@ -137,6 +137,7 @@ def kv_groups_of(kv_cache_config: KVCacheConfig) -> tuple[KVGroup, ...]:
         ChunkedLocalAttentionSpec,
         CrossAttentionSpec,
         FullAttentionSpec,
+        MambaSpec,
         RSWASpec,
         SinkFullAttentionSpec,
         SlidingWindowSpec,
@@ -166,6 +167,20 @@ def kv_groups_of(kv_cache_config: KVCacheConfig) -> tuple[KVGroup, ...]:
             )
         elif isinstance(spec, ChunkedLocalAttentionSpec):
             out.append(KVGroup("chunked_local", spec.attention_chunk_size, eagle=eagle))
+        elif isinstance(spec, MambaSpec):
+            if spec.mamba_cache_mode != "align":
+                raise NotSupportedError(
+                    f"KV-cache group {index} (MambaSpec) has mamba_cache_mode="
+                    f"{spec.mamba_cache_mode!r}: KVOffloadConnector offloads Mamba states only in "
+                    "'align' mode (--enable-prefix-caching --mamba-cache-mode align)"
+                )
+            if eagle or spec.num_speculative_blocks:
+                raise NotSupportedError(
+                    f"KV-cache group {index} (MambaSpec) holds speculative-decoding states "
+                    f"(num_speculative_blocks={spec.num_speculative_blocks}, EAGLE group: "
+                    f"{eagle}): KVOffloadConnector does not offload them yet"
+                )
+            out.append(KVGroup("mamba"))
         elif isinstance(spec, FullAttentionSpec) and not isinstance(
             # RSWA frees gap blocks while a request runs, which only window groups may do here.
             spec,
@@ -173,16 +188,23 @@ def kv_groups_of(kv_cache_config: KVCacheConfig) -> tuple[KVGroup, ...]:
         ):
             out.append(KVGroup(eagle=eagle))
         else:
-            hint = " (Mamba/linear attention is not supported yet)" if "Mamba" in kind else ""
             raise NotSupportedError(
-                f"KV-cache group {index} ({kind}) cannot be offloaded by KVOffloadConnector"
-                f"{hint}; supported: full, sliding-window and chunked-local attention. Use "
-                "vLLM's OffloadingConnector for this model"
+                f"KV-cache group {index} ({kind}) cannot be offloaded by KVOffloadConnector; "
+                "supported: full, sliding-window and chunked-local attention, and Mamba in "
+                "'align' mode. Use vLLM's OffloadingConnector for this model"
             )
     if len(sizes) > 1:
         raise NotSupportedError(
             f"the KV-cache groups have block sizes {sorted(sizes)}: KVOffloadConnector needs "
             "one block size for all groups"
+        )
+    hash_size = getattr(kv_cache_config, "hash_block_size", None)
+    if len(groups) > 1 and hash_size not in (None, *sizes):
+        # A chunk's key is the hash of its last block: finer hashes would name other tokens.
+        raise NotSupportedError(
+            f"vLLM hashes prompts every {hash_size} tokens (prefix_match_unit), finer than the "
+            f"{sizes.pop()}-token blocks: KVOffloadConnector needs one hash per block; unset "
+            "prefix_match_unit"
         )
     return tuple(out)
 

@@ -30,6 +30,25 @@ def block_dim_of(tensor: torch.Tensor, num_blocks: int) -> int:
     )
 
 
+def _page_view(name: str, state: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The pages of Mamba layer `name` (`state`: vLLM's `[num_blocks, ...]` view of its state) in
+    the shape and strides of attention layer view `like`: vLLM pads every page to one size."""
+    stride = state.stride(0) * state.element_size()
+    like_stride = like.stride(0) * like.element_size()
+    if stride != like_stride or state.shape[0] != like.shape[0]:
+        raise ConfigError(
+            f"kvoffload: Mamba layer {name} has {state.shape[0]} blocks {stride} bytes apart, the "
+            f"attention layers {like.shape[0]} blocks {like_stride} bytes apart; vLLM's hybrid "
+            "layout gives both one page size"
+        )
+    offset = state.storage_offset() * state.element_size()
+    if offset % like.element_size():
+        raise ConfigError(f"kvoffload: Mamba layer {name} starts inside an attention element")
+    view = torch.empty(0, dtype=like.dtype, device=state.device)
+    view.set_(state.untyped_storage(), offset // like.element_size(), like.shape, like.stride())
+    return view
+
+
 def worker_rank() -> int:
     """This worker's place in its engine's PP x PCP x TP grid, as vLLM orders its ranks (0
     outside a distributed run): every worker of the engine has its own."""
@@ -68,13 +87,7 @@ class WorkerSide:
         """Per KV-cache group, the layout segments of its layers (None: all of them)."""
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
-        # Layers that share one tensor (KV sharing) are copied once.
-        unique: dict[str, torch.Tensor] = {}
-        seen: set[int] = set()
-        for name, tensor in kv_caches.items():
-            if tensor.data_ptr() not in seen:
-                seen.add(tensor.data_ptr())
-                unique[name] = tensor
+        unique = self._unique_pages(kv_caches)
         first = next(iter(unique.values()))
         try:
             self.engine = self.settings.pinning.engine(
@@ -105,6 +118,31 @@ class WorkerSide:
         self.rank = worker_rank()
         if self.settings.remote is not None:
             self.remote = self._connect(self.engine)
+
+    def _unique_pages(self, kv_caches: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One tensor per memory region: layers that share one (KV sharing, and the layers of a
+        hybrid model's groups) are copied once, through an attention layer's view. A Mamba
+        layer's view covers only its state, not the padded page: one alone in its region is
+        viewed as an attention layer is."""
+        states = {
+            name
+            for group, layers in zip(self.settings.groups, self.settings.group_layers, strict=False)
+            if group.kind == "mamba"
+            for name in layers
+        }
+        attention = [(n, t) for n, t in kv_caches.items() if n not in states]
+        unique: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name, tensor in attention + [(n, t) for n, t in kv_caches.items() if n in states]:
+            if tensor.data_ptr() in seen:
+                continue
+            seen.add(tensor.data_ptr())
+            if name in states:
+                if not attention:
+                    raise ConfigError("kvoffload: a model of Mamba layers only is not supported")
+                tensor = _page_view(name, tensor, attention[0][1])
+            unique[name] = tensor
+        return unique
 
     def _group_segments(
         self, engine: TransferEngine, kv_caches: dict[str, torch.Tensor]
