@@ -35,3 +35,9 @@ def is_async(request: pytest.FixtureRequest) -> bool:
 def seam(request: pytest.FixtureRequest) -> str:
     """Our connector end to end, or our manager and worker inside vLLM's OffloadingConnector."""
     return str(request.param)
+
+
+@pytest.fixture(params=["kvoffload", "spec", "vllm"])
+def any_seam(request: pytest.FixtureRequest) -> str:
+    """Ours (both seams), and vLLM's own connector as the reference."""
+    return str(request.param)

@@ -479,6 +479,7 @@ def make_rig(
     max_model_len: int = 2048,
     geometry: str = "full",
     window: int = 20,
+    retention_interval: int | None = 0,
 ) -> Rig:
     """A scheduler and one worker with `connector`: "kvoffload" (ours), "spec" (vLLM's
     OffloadingConnector with our KVOffloadSpec: our manager and copy worker), or "vllm" (vLLM's
@@ -532,7 +533,11 @@ def make_rig(
             is_encoder_decoder=False,
             async_scheduling=is_async,
         ),
-        cache_config=CacheConfig(block_size=tpb, enable_prefix_caching=True),
+        cache_config=CacheConfig(
+            block_size=tpb,
+            enable_prefix_caching=True,
+            prefix_cache_retention_interval=retention_interval,
+        ),
         kv_transfer_config=transfer,
         kv_events_config=(
             KVEventsConfig(enable_kv_cache_events=True, publisher="null") if enable_events else None

@@ -81,12 +81,6 @@ def outcome(rig: Rig) -> tuple[int, dict[int, int], dict[int, int]]:
     )
 
 
-@pytest.fixture(params=["kvoffload", "spec", "vllm"])
-def any_seam(request: pytest.FixtureRequest) -> str:
-    """Ours (both seams), and vLLM's own connector as the reference."""
-    return str(request.param)
-
-
 @pytest.mark.parametrize(
     ("params", "b_extra", "expected"),
     [
