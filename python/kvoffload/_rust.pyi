@@ -21,6 +21,7 @@ __all__ = [
     "SampledLru",
     "Store",
     "_colliding_keys",
+    "are_block_ids",
     "load_window",
     "loadable_tokens",
     "mask_remote_url",
@@ -200,4 +201,5 @@ def load_window(
 def loadable_tokens(
     window: tuple[int, int, int], hits: int, num_local_tokens: int, tokens_per_chunk: int
 ) -> int: ...
+def are_block_ids(values: object) -> bool: ...
 def _colliding_keys(n: int, bits: int = 12) -> list[bytes]: ...

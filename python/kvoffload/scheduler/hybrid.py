@@ -257,7 +257,11 @@ class HybridPlanner:
     # --- loads -----------------------------------------------------------------------------------
 
     def plan_load(
-        self, states: list[GroupState], tables: Sequence[IntArray], num_local: int, loadable: int
+        self,
+        states: list[GroupState],
+        tables: Sequence[Sequence[int] | IntArray],
+        num_local: int,
+        loadable: int,
     ) -> LoadPlan:
         """The load of `loadable` tokens past `num_local`: per group the blocks from its first
         non-null one past the local prefix (a window group allocates only its window) to the
@@ -276,11 +280,12 @@ class HybridPlanner:
                     f"block_ids of group {gi} has {len(table)} blocks; the load of {loadable} "
                     f"tokens needs {num_blocks}"
                 )
-            live = np.flatnonzero(table[first_fresh:num_blocks] != NULL_BLOCK)
+            fresh = np.asarray(table[first_fresh:num_blocks], dtype=np.int64)
+            live = np.flatnonzero(fresh != NULL_BLOCK)
             if not live.size:
                 continue
             start = first_fresh + int(live[0])
-            if (table[start:num_blocks] == NULL_BLOCK).any():
+            if (fresh[live[0] :] == NULL_BLOCK).any():
                 raise ValueError(
                     f"block_ids of group {gi} has the null block (0) among the blocks "
                     f"{start}..{num_blocks - 1} the load writes; allowed: null blocks only "
@@ -288,7 +293,7 @@ class HybridPlanner:
                 )
             first_chunk = start // bpc
             picked.append((gi, np.arange(first_chunk, end_chunk, dtype=np.int64)))
-            blocks.append(table[start:num_blocks])
+            blocks.append(fresh[live[0] :])
             parts.append(GroupSlice(gi, end_chunk - first_chunk, num_blocks - start, start % bpc))
         gpu = np.concatenate(blocks) if blocks else _EMPTY
         return LoadPlan(self.batch(states, picked), gpu, tuple(parts), end_chunk)

@@ -2,6 +2,7 @@
 
 mod chunk;
 mod errors;
+mod ids;
 mod keys;
 mod remote;
 mod sampled;
@@ -38,6 +39,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(chunk::storable_chunks, m)?)?;
     m.add_function(wrap_pyfunction!(chunk::load_window, m)?)?;
     m.add_function(wrap_pyfunction!(chunk::loadable_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(ids::are_block_ids, m)?)?;
     m.add_function(wrap_pyfunction!(colliding_keys, m)?)?;
     m.add("KVOffloadError", py.get_type::<errors::KVOffloadError>())?;
     m.add(
