@@ -25,6 +25,8 @@ __all__ = [
     "load_window",
     "loadable_tokens",
     "mask_remote_url",
+    "offered_chunks",
+    "reachable_blocks",
     "storable_chunks",
 ]
 
@@ -202,4 +204,11 @@ def loadable_tokens(
     window: tuple[int, int, int], hits: int, num_local_tokens: int, tokens_per_chunk: int
 ) -> int: ...
 def are_block_ids(values: object) -> bool: ...
+
+_Reach = tuple[int, int, int | None, Sequence[int]]
+
+def reachable_blocks(start: int, end: int, reach: _Reach) -> bytes | None: ...
+def offered_chunks(
+    table: list[int], first_block: int, blocks_per_chunk: int, reach: _Reach | None = None
+) -> bytes: ...
 def _colliding_keys(n: int, bits: int = 12) -> list[bytes]: ...

@@ -1,6 +1,7 @@
 //! GPU block id arguments: the scheduler is handed thousands of block ids per engine step (block
 //! tables, blocks handed out again), as Python ints in a list or a set.
 
+use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyFrozenSet, PyList, PySet, PyTuple};
@@ -52,4 +53,25 @@ pub fn are_block_ids(values: &Bound<'_, PyAny>) -> bool {
         return set.iter().all(|item| unsafe { is_block_id(item.as_ptr()) });
     }
     false
+}
+
+/// The ids of a list of ints in `0..2**63`; `what` names the argument in errors.
+pub(crate) fn block_vec(list: &Bound<'_, PyList>, what: &str) -> PyResult<Vec<u64>> {
+    (0..list.len())
+        .map(|i| {
+            // SAFETY: as in `are_block_ids`; the value is read before any Python code can run.
+            unsafe {
+                let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
+                if item.is_null() {
+                    return Err(PyErr::fetch(list.py()));
+                }
+                if !is_block_id(item) {
+                    return Err(PyValueError::new_err(format!(
+                        "{what}[{i}] is invalid: expected an int >= 0 (a GPU block id)"
+                    )));
+                }
+                Ok(ffi::PyLong_AsLongLong(item) as u64)
+            }
+        })
+        .collect()
 }
