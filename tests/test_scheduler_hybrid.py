@@ -6,6 +6,7 @@ block the window keeps."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kvoffload.scheduler import (
@@ -70,6 +71,40 @@ def test_bad_tables_are_refused_and_change_nothing(tables, match):
         s.on_allocated("b", tables, 12)
     # Nothing was pinned: the same load goes through with good tables.
     assert s.on_allocated("b", [[0, 21, 22], [31, 32, 33]], 12) is not None
+
+
+@pytest.mark.parametrize(
+    "tables",
+    [
+        ((0, 21, 22), (31, 32, 33)),
+        [np.array([0, 21, 22]), np.array([31, 32, 33], dtype=np.int32)],
+        [[np.int64(0), 21, 22], range(31, 34)],
+    ],
+)
+def test_tables_of_other_int_kinds_load_as_lists_do(tables):
+    s = stored(scheduler())
+    s.add_request("b", 24)
+    assert s.lookup("b", 0, 24, HASHES) == 12
+    load = s.on_allocated("b", tables, 12)
+    assert load.gpu_block_ids.tolist() == [21, 22, 31, 32, 33]
+    assert s.plan_step([RequestUpdate("b", 13, 24, block_hashes=HASHES)]).store_jobs == []
+
+
+@pytest.mark.parametrize("bad", [[True, True, True], [0, 21, 2.0], [0, 21, None], [0, 21, 2**63]])
+def test_bad_items_in_a_table_are_refused(bad):
+    s = stored(scheduler())
+    s.add_request("b", 24)
+    assert s.lookup("b", 0, 24, HASHES) == 12
+    with pytest.raises(ValueError, match=r"block_ids\[0\]=.* is invalid"):
+        s.on_allocated("b", [bad, [31, 32, 33]], 12)
+
+
+@pytest.mark.parametrize("bad", [{3, -1}, {True}, {2.5}, frozenset({-2})])
+def test_bad_reallocated_blocks_are_refused_in_any_container(bad):
+    s = scheduler()
+    with pytest.raises(ValueError, match=r"reallocated_block_ids=.* is invalid"):
+        s.plan_step([], reallocated_block_ids=bad)
+    assert s.plan_step([], reallocated_block_ids={3, 4}).flush_job_ids == []
 
 
 def test_a_local_prefix_of_part_of_a_block_is_refused():

@@ -21,9 +21,12 @@ __all__ = [
     "SampledLru",
     "Store",
     "_colliding_keys",
+    "are_block_ids",
     "load_window",
     "loadable_tokens",
     "mask_remote_url",
+    "offered_chunks",
+    "reachable_blocks",
     "storable_chunks",
 ]
 
@@ -200,4 +203,12 @@ def load_window(
 def loadable_tokens(
     window: tuple[int, int, int], hits: int, num_local_tokens: int, tokens_per_chunk: int
 ) -> int: ...
+def are_block_ids(values: object) -> bool: ...
+
+_Reach = tuple[int, int, int | None, Sequence[int]]
+
+def reachable_blocks(start: int, end: int, reach: _Reach) -> bytes | None: ...
+def offered_chunks(
+    table: list[int], first_block: int, blocks_per_chunk: int, reach: _Reach | None = None
+) -> bytes: ...
 def _colliding_keys(n: int, bits: int = 12) -> list[bytes]: ...

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from kvoffload import _rust
 from kvoffload.scheduler.groups import KVGroup, cdiv, window_hits
 from kvoffload.store import CpuStore, KeyList, KeyStatus
 
@@ -269,7 +270,11 @@ class HybridPlanner:
     # --- loads -----------------------------------------------------------------------------------
 
     def plan_load(
-        self, states: list[GroupState], tables: Sequence[IntArray], num_local: int, loadable: int
+        self,
+        states: list[GroupState],
+        tables: Sequence[Sequence[int] | IntArray],
+        num_local: int,
+        loadable: int,
     ) -> LoadPlan:
         """The load of `loadable` tokens past `num_local`: per group the blocks from its first
         non-null one past the local prefix (a window group allocates only its window) to the
@@ -288,11 +293,12 @@ class HybridPlanner:
                     f"block_ids of group {gi} has {len(table)} blocks; the load of {loadable} "
                     f"tokens needs {num_blocks}"
                 )
-            live = np.flatnonzero(table[first_fresh:num_blocks] != NULL_BLOCK)
+            fresh = np.asarray(table[first_fresh:num_blocks], dtype=np.int64)
+            live = np.flatnonzero(fresh != NULL_BLOCK)
             if not live.size:
                 continue
             start = first_fresh + int(live[0])
-            if (table[start:num_blocks] == NULL_BLOCK).any():
+            if (fresh[live[0] :] == NULL_BLOCK).any():
                 raise ValueError(
                     f"block_ids of group {gi} has the null block (0) among the blocks "
                     f"{start}..{num_blocks - 1} the load writes; allowed: null blocks only "
@@ -300,7 +306,7 @@ class HybridPlanner:
                 )
             first_chunk = start // bpc
             picked.append((gi, np.arange(first_chunk, end_chunk, dtype=np.int64)))
-            blocks.append(table[start:num_blocks])
+            blocks.append(fresh[live[0] :])
             parts.append(GroupSlice(gi, end_chunk - first_chunk, num_blocks - start, start % bpc))
         gpu = np.concatenate(blocks) if blocks else _EMPTY
         return LoadPlan(self.batch(states, picked), gpu, tuple(parts), end_chunk)
@@ -337,18 +343,12 @@ class HybridPlanner:
             if n <= start or group.kind == "mamba":  # states come from `state_key`
                 continue
             table = state.block_ids[start * bpc : n * bpc]
-            mask = self.reachable(group, start * bpc, n * bpc, boundaries)
-            if mask is None and NULL_BLOCK not in table:
+            reach = self._reach(group, boundaries)
+            if reach is None and NULL_BLOCK not in table:
                 picked.append((gi, np.arange(start, n, dtype=np.int64)))
                 continue
-            chunks = np.asarray(table, dtype=np.int64).reshape(-1, bpc)
-            ok = chunks[:, -1] != NULL_BLOCK
-            if mask is not None:
-                reach = mask.reshape(-1, bpc)
-                ok &= reach.any(axis=1) & ~((chunks == NULL_BLOCK) & reach).any(axis=1)
-            else:
-                ok &= (chunks != NULL_BLOCK).all(axis=1)
-            chosen = np.flatnonzero(ok)
+            offered = _rust.offered_chunks(table, start * bpc, bpc, reach)
+            chosen = np.frombuffer(offered, dtype=np.int64)
             if chosen.size:
                 picked.append((gi, chosen + start))
         return self.batch(states, picked), ends
@@ -359,28 +359,26 @@ class HybridPlanner:
         """vLLM's `reachable_block_mask` of a window group for blocks `[start, end)`, `None`
         when every block is reachable. The lookup's boundaries are chunk-aligned (the full
         attention chunk), which is what a window group's tail is kept at."""
+        reach = self._reach(group, boundaries)
+        mask = None if reach is None else _rust.reachable_blocks(start_block, end_block, reach)
+        return None if mask is None else np.frombuffer(mask, dtype=np.bool_)
+
+    def _reach(
+        self, group: KVGroup, boundaries: Sequence[int]
+    ) -> tuple[int, int, int | None, list[int]] | None:
+        """The blocks a later hit reads of a sliding-window group (`_rust.reachable_blocks`):
+        the `need` blocks before every `segment`-th block boundary from `shift`, and before the
+        blocks ending each kept tail; `None` for any other group."""
         if group.kind != "sliding":
             return None
         tpb, tpc = self.tpb, self.tpc
         # Offloading restores all allocated history, the re-prefill tokens included.
         need = cdiv(group.window + group.extra_retained_tokens - 1, tpb) + int(group.eagle)
         shift = int(group.eagle)
-        mask = np.zeros(end_block - start_block, dtype=np.bool_)
         interval = self.retention_interval
         segment = tpc if interval is None else (interval or None)
-        if segment is not None:
-            per_segment = segment // tpb
-            if need >= per_segment:
-                return None
-            index = np.arange(start_block, end_block)
-            mask |= (index >= shift) & ((index - shift) % per_segment >= per_segment - need)
-        if interval is not None:
-            for boundary in boundaries:
-                end = boundary // tpc * tpc // tpb + shift
-                lo, hi = max(start_block, end - need), min(end_block, end)
-                if lo < hi:
-                    mask[lo - start_block : hi - start_block] = True
-        return mask
+        tails = [] if interval is None else [b // tpc * tpc // tpb + shift for b in boundaries]
+        return need, shift, None if segment is None else segment // tpb, tails
 
     def state_key(
         self, states: list[GroupState], group: int, num_tokens: int, offloadable: int

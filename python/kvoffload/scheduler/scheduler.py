@@ -103,6 +103,14 @@ def _block_ids(name: str, values: Sequence[int] | IntArray) -> IntArray:
     return ids.astype(np.int64, copy=False)
 
 
+def _block_list(name: str, values: Sequence[int] | IntArray) -> list[int]:
+    """`values` as a new list of GPU block ids, or a ValueError naming `name` (`_block_ids`)."""
+    if type(values) in (list, tuple) and _rust.are_block_ids(values):
+        return list(values)  # vLLM's tables: a plain copy, not a round trip through numpy
+    ids: list[int] = _block_ids(name, values).tolist()
+    return ids
+
+
 def _count(name: str, value: int) -> int:
     """`value` as a token count, or a ValueError naming `name`."""
     if isinstance(value, bool) or not hasattr(value, "__index__") or operator.index(value) < 0:
@@ -144,7 +152,7 @@ class _CheckedUpdate(NamedTuple):
     computed: int
     num_tokens: int
     new_blocks: IntArray
-    group_blocks: list[IntArray] | None
+    group_blocks: list[list[int]] | None
     """With several groups: each group's new blocks (`new_blocks` is then empty)."""
     shared_prefix_boundary: int
 
@@ -437,7 +445,13 @@ class OffloadScheduler:
 
         The whole batch is checked before anything changes: a bad update raises and plans
         nothing."""
-        realloc = _block_ids("reallocated_block_ids", list(reallocated_block_ids))
+        given = reallocated_block_ids
+        if type(given) is set and self.hybrid is not None and _rust.are_block_ids(given):
+            # The engine's set of thousands of ids, kept as it is: only membership is asked.
+            realloc, realloc_set = _NO_BLOCKS, given
+        else:
+            realloc = _block_ids("reallocated_block_ids", list(given))
+            realloc_set = set(realloc.tolist())
         checked = [self._check_update(u) for u in updates]
         ids = [c.req.request_id for c in checked]
         if len(set(ids)) != len(ids):
@@ -446,7 +460,7 @@ class OffloadScheduler:
         if self.hybrid is None:
             flush = self._jobs_touching(realloc)
         else:
-            flush = self._plan_reallocation(set(realloc.tolist()))
+            flush = self._plan_reallocation(realloc_set)
         promotions, cascades = (
             ([], []) if self.shared_tier is None else self.shared_tier.take_jobs()
         )
@@ -702,7 +716,7 @@ class OffloadScheduler:
         if c.req.groups is not None:
             if c.group_blocks:  # [] when the step allocated nothing
                 for state, blocks in zip(c.req.groups, c.group_blocks, strict=True):
-                    state.block_ids.extend(blocks.tolist())
+                    state.block_ids.extend(blocks)
             return self._store_groups(c.req, c.computed, c.shared_prefix_boundary)
         c.req.block_ids.extend(c.new_blocks.tolist())
         return self._plan_store(c.req, c.computed)
@@ -753,8 +767,8 @@ class OffloadScheduler:
 
     def _group_tables(
         self, name: str, values: Sequence[int] | Sequence[Sequence[int]], *, empty_ok: bool = False
-    ) -> list[IntArray]:
-        """One block table per group, or a ValueError naming `name`."""
+    ) -> list[list[int]]:
+        """One block table per group (new lists), or a ValueError naming `name`."""
         assert self.hybrid is not None
         n = self.hybrid.num_groups
         if empty_ok and len(values) == 0:
@@ -764,7 +778,7 @@ class OffloadScheduler:
             raise ValueError(f"{name}={_short(values)} is invalid: {allowed}")
         if len(values) != n or any(isinstance(v, (int, np.integer)) for v in values):
             raise ValueError(f"{name}={_short(values)} is invalid: {allowed}")
-        tables = [_block_ids(f"{name}[{g}]", v) for g, v in enumerate(values)]  # type: ignore[arg-type]
+        tables = [_block_list(f"{name}[{g}]", v) for g, v in enumerate(values)]  # type: ignore[arg-type]
         if len({len(t) for t in tables}) > 1:
             # Every group's table covers the request's tokens (vLLM's are of one length).
             raise ValueError(
@@ -772,10 +786,10 @@ class OffloadScheduler:
             )
         return tables
 
-    def _set_tables(self, req: _Request, tables: list[IntArray]) -> None:
+    def _set_tables(self, req: _Request, tables: list[list[int]]) -> None:
         assert req.groups is not None
         for state, t in zip(req.groups, tables, strict=True):
-            state.block_ids = t.tolist()
+            state.block_ids = t
         req.new_tables = True
         self._tabled.add(req.request_id)
 
@@ -798,7 +812,7 @@ class OffloadScheduler:
         return hit
 
     def _load_groups(
-        self, req: _Request, tables: list[IntArray], num_local: int, loadable: int
+        self, req: _Request, tables: list[list[int]], num_local: int, loadable: int
     ) -> LoadJob:
         assert self.hybrid is not None and req.groups is not None
         plan = self.hybrid.plan_load(req.groups, tables, num_local, loadable)
@@ -851,6 +865,10 @@ class OffloadScheduler:
 
     def _store_groups(self, req: _Request, computed: int, junction: int) -> StoreJob | None:
         assert self.hybrid is not None and req.groups is not None
+        whole = self._offloadable(req, computed, req.num_tokens) // self.config.tokens_per_chunk
+        if all(whole <= state.next_stored for state in req.groups):
+            # No group has a new chunk to offer (most decode steps): the frontiers stay.
+            return None
         offer, ends = self._offer(req, computed, req.num_tokens, req.finishing, junction)
         plan = None
         if len(offer.keys):
@@ -948,10 +966,17 @@ class OffloadScheduler:
         """The keys the request used, head to tail (by chunk, then group), as vLLM refreshes
         them when a request finishes."""
         assert self.hybrid is not None and req.groups is not None
-        used = [(chunk, g) for g, state in enumerate(req.groups) for chunk in state.used]
-        used.sort()
-        chunks = np.asarray([c for c, _ in used], dtype=np.int64)
-        groups = np.asarray([g for _, g in used], dtype=np.int64)
+        n = len(req.groups)
+        # By chunk, then group: the order of chunk * n + group.
+        order = np.sort(
+            np.concatenate(
+                [
+                    np.fromiter(state.used, np.int64, len(state.used)) * n + g
+                    for g, state in enumerate(req.groups)
+                ]
+            )
+        )
+        chunks, groups = np.divmod(order, n)
         return KeyList.gather([s.keys for s in req.groups], groups.tobytes(), chunks.tobytes())
 
     def _plan_reallocation(self, realloc: set[int]) -> list[int]:
@@ -961,7 +986,8 @@ class OffloadScheduler:
         assert self.hybrid is not None
         window = self.hybrid.window_groups()
         reads = self._window_reads
-        flush = sorted({j for b in realloc if b in reads for j in reads[b]}) if reads else []
+        # Few blocks are read by stores in flight, and many handed out: intersect from the few.
+        flush = sorted({j for b in reads.keys() & realloc for j in reads[b]}) if reads else []
         for rid in list(self._tabled):
             req = self._requests.get(rid)
             if req is None or req.finished:

@@ -16,6 +16,7 @@ mod sampled;
 mod store;
 #[doc(hidden)]
 pub mod testing;
+mod window;
 
 pub use chunk::{
     load_window, loadable_tokens, storable_chunks, LoadWindow, StoreBounds, GROUP_SUFFIX_LEN,
@@ -27,3 +28,4 @@ pub use keybuf::KeyBuf;
 pub use policy::{PolicyKind, Rank, POLICY_NAMES};
 pub use sampled::SampledLru;
 pub use store::{KeyStatus, Positions, RankedBatch, Stats, Store, StorePlan, MAX_SLOTS};
+pub use window::{offered_chunks, reachable_blocks, WindowReach, NULL_BLOCK};

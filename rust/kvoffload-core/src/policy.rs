@@ -385,15 +385,17 @@ impl Ranked {
         self.heap.push(Reverse((rank, i)));
         self.live += 1;
         // Stale entries are at most twice the live ones (plus slack): rebuilding is linear.
-        // A slot freed and taken again at an equal rank leaves equal entries: keep one.
+        // A slot freed and taken again at an equal rank leaves equal entries: keep one (a
+        // slot's current entries are all equal, its node holding their one rank).
         if self.heap.len() > 2 * self.live as usize + 64 {
-            let mut current: Vec<_> = self
+            let mut kept = vec![false; nodes.len()];
+            let current: Vec<_> = self
                 .heap
                 .drain()
-                .filter(|e| is_current(nodes, e.0))
+                .filter(|e| {
+                    is_current(nodes, e.0) && !std::mem::replace(&mut kept[e.0 .1 as usize], true)
+                })
                 .collect();
-            current.sort_unstable();
-            current.dedup();
             self.heap = BinaryHeap::from(current);
         }
     }
