@@ -97,6 +97,10 @@ def test_hybrid_groups_are_planned_as_vllm_plans_them(model_dir):
             r"\(num_speculative_blocks=2",
         ),
         (
+            (_mamba(mamba_cache_mode="align"), _mamba(mamba_cache_mode="align")),
+            "only Mamba groups",
+        ),
+        (
             (FullAttentionSpec(block_size=4, **_FULL), FullAttentionSpec(block_size=8, **_FULL)),
             r"block sizes \[4, 8\]",
         ),

@@ -15,12 +15,18 @@ spec), which must decide the same.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 from rig import Rig, prompt
 from test_connector_hybrid import hybrid_rig, model_outputs, outcome, per_group, repeat
 from vllm.v1.request import RequestStatus
+
+from kvoffload.errors import ConfigError
+from kvoffload.scheduler import KVGroup
+from kvoffload.vllm.worker_side import WorkerSide
 
 MAMBA, FULL = 0, 1
 N = 61
@@ -196,3 +202,33 @@ def test_the_rig_checks_the_state_a_step_reads(model_dir):
     rig.add("b", prompt(1, N), 2)
     with pytest.raises(AssertionError, match="reads the state after 60 tokens"):
         rig.run()
+
+
+def test_a_mamba_layer_alone_in_its_memory_is_copied_as_a_whole_page():
+    """With more Mamba layers than attention layers, vLLM's layout leaves a Mamba layer alone in
+    its memory: the worker views its pages as an attention layer's (vLLM pads both to one page),
+    and copies a layer that shares its memory only once, through the attention view."""
+    blocks, page = 8, 1024
+    raw = torch.zeros(2 * blocks * page, dtype=torch.uint8)
+    shared, alone = raw[: blocks * page], raw[blocks * page :]
+    attention = shared.view(torch.float16).view(blocks, 2, 4, 2, 32)
+
+    def state(region: torch.Tensor) -> torch.Tensor:
+        return region.as_strided((blocks, 1, 1, 768), (page, 768, 768, 1))
+
+    side = WorkerSide(
+        SimpleNamespace(groups=(KVGroup("mamba"), KVGroup()), group_layers=(("m0", "m1"), ("a0",)))
+    )
+    pages = side._unique_pages({"m0": state(shared), "a0": attention, "m1": state(alone)})
+    assert list(pages) == ["a0", "m1"]
+    assert pages["a0"] is attention
+    m1 = pages["m1"]
+    assert (m1.shape, m1.stride(), m1.dtype) == (attention.shape, attention.stride(), torch.float16)
+    assert m1.data_ptr() == alone.data_ptr()
+    m1[3].fill_(7)
+    assert bool((alone[3 * page : 4 * page].view(torch.float16) == 7).all())
+    assert not alone[: 3 * page].any()
+
+    squeezed = alone.as_strided((blocks, 1, 1, 768), (768, 768, 768, 1))
+    with pytest.raises(ConfigError, match="Mamba layer m1 has 8 blocks 768 bytes apart"):
+        side._unique_pages({"a0": attention, "m1": squeezed})

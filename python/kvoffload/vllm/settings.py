@@ -198,6 +198,11 @@ def kv_groups_of(kv_cache_config: KVCacheConfig) -> tuple[KVGroup, ...]:
             f"the KV-cache groups have block sizes {sorted(sizes)}: KVOffloadConnector needs "
             "one block size for all groups"
         )
+    if all(g.kind == "mamba" for g in out):
+        raise NotSupportedError(
+            "this model has only Mamba groups: KVOffloadConnector offloads Mamba states beside "
+            "attention layers; use vLLM's OffloadingConnector for it"
+        )
     hash_size = getattr(kv_cache_config, "hash_block_size", None)
     if len(groups) > 1 and hash_size not in (None, *sizes):
         # A chunk's key is the hash of its last block: finer hashes would name other tokens.

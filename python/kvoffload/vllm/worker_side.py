@@ -137,9 +137,7 @@ class WorkerSide:
             if tensor.data_ptr() in seen:
                 continue
             seen.add(tensor.data_ptr())
-            if name in states:
-                if not attention:
-                    raise ConfigError("kvoffload: a model of Mamba layers only is not supported")
+            if name in states:  # settings refuse a model without attention layers
                 tensor = _page_view(name, tensor, attention[0][1])
             unique[name] = tensor
         return unique
