@@ -234,19 +234,24 @@ def test_preempted_requests_reload_and_stay_exact(model_dir, is_async, any_seam)
 def test_an_abort_with_a_store_in_flight_leaves_a_loadable_prefix(model_dir, is_async, seam):
     """ "a" is aborted right after the step that computed its prompt, its store planned but not
     yet submitted: its chunks still reach the tier intact, and b loads them."""
-    rig = hybrid_rig(model_dir, seam, is_async)
-    rig.add("a", prompt(1, 60), 10)
-    assert rig.step_once()
+    rig = abort_then_repeat(hybrid_rig(model_dir, seam, is_async), 60)
+    assert rig.external_hits["b"] == 48
+    assert rig.checked_positions["b"] >= 59
+
+
+def abort_then_repeat(rig: Rig, n: int) -> Rig:
+    """ "a" (a prompt of `n` tokens, 10 to generate) is aborted once its prompt is computed; the
+    GPU prefix cache is emptied; "b" asks for the same prompt."""
+    request = rig.add("a", prompt(1, n), 10)
+    while request.num_computed_tokens < n:
+        assert rig.step_once()
     rig.scheduler.finish_requests("a", RequestStatus.FINISHED_ABORTED)
     rig.run()
     assert len(rig.outputs["a"]) < 10
-    assert rig.scheduler.reset_prefix_cache()
-    for t in rig.kv_caches.values():
-        t.zero_()
-    rig.add("b", prompt(1, 60), 2)
+    rig.reset_gpu_prefix_cache()
+    rig.add("b", prompt(1, n), 2)
     rig.run()
-    assert rig.external_hits["b"] == 48
-    assert rig.checked_positions["b"] >= 59
+    return rig
 
 
 @pytest.mark.parametrize("seam_", ["spec", "vllm"])

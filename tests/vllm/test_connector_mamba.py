@@ -21,8 +21,14 @@ from typing import Any
 import pytest
 import torch
 from rig import Rig, prompt
-from test_connector_hybrid import hybrid_rig, model_outputs, outcome, per_group, repeat
-from vllm.v1.request import RequestStatus
+from test_connector_hybrid import (
+    abort_then_repeat,
+    hybrid_rig,
+    model_outputs,
+    outcome,
+    per_group,
+    repeat,
+)
 
 from kvoffload.errors import ConfigError
 from kvoffload.scheduler import KVGroup
@@ -116,9 +122,7 @@ def test_a_local_prefix_loads_only_the_rest(model_dir, is_async, any_seam):
     rig = mamba_rig(model_dir, any_seam, is_async)
     rig.add("a", prompt(1, N), 2)
     rig.run()
-    assert rig.scheduler.reset_prefix_cache()
-    for t in rig.kv_caches.values():
-        t.zero_()
+    rig.reset_gpu_prefix_cache()
     rig.add("c", prompt(1, 24) + prompt(4, 4), 1, {"max_load_tokens": 0})
     rig.run()
     rig.add("b", prompt(1, N) + prompt(5, 6), 2)
@@ -160,18 +164,7 @@ def test_preempted_requests_reload_and_stay_exact(model_dir, is_async, any_seam)
 def test_an_abort_with_a_store_in_flight_leaves_a_loadable_prefix(model_dir, is_async, seam):
     """ "a" is aborted right after the step that computed its prompt, the state's store planned
     but not yet submitted: it still reaches the tier intact, and b loads it."""
-    rig = mamba_rig(model_dir, seam, is_async)
-    request = rig.add("a", prompt(1, N), 10)
-    while request.num_computed_tokens < N:
-        assert rig.step_once()
-    rig.scheduler.finish_requests("a", RequestStatus.FINISHED_ABORTED)
-    rig.run()
-    assert len(rig.outputs["a"]) < 10
-    assert rig.scheduler.reset_prefix_cache()
-    for t in rig.kv_caches.values():
-        t.zero_()
-    rig.add("b", prompt(1, N), 2)
-    rig.run()
+    rig = abort_then_repeat(mamba_rig(model_dir, seam, is_async), N)
     assert rig.external_hits["b"] == 60
     assert rig.checked_positions["b"] >= 60
 
