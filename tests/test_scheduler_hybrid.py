@@ -148,7 +148,11 @@ def test_bad_groups_stop_construction_naming_the_parameter(kw, match):
     [
         (dict(kind="linear"), "kind='linear' is invalid"),
         (dict(kind="mamba", window=4), "window=4 of a mamba group is invalid"),
-        (dict(kind="mamba", eagle=True), "a mamba group takes neither eagle=True"),
+        (dict(kind="mamba", eagle=True), "eagle=True is invalid for a mamba group"),
+        (
+            dict(kind="mamba", extra_retained_tokens=3),
+            "extra_retained_tokens=3 is invalid for a mamba",
+        ),
         (dict(kind="sliding"), "window=0 of a sliding group is invalid"),
         (dict(kind="full", window=8), "window=8 of a full group is invalid"),
         (dict(kind="sliding", window=8, extra_retained_tokens=-1), "extra_retained_tokens=-1"),

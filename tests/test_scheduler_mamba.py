@@ -7,6 +7,7 @@ short of the prompt, on a chunk, where a state is)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kvoffload.scheduler import (
@@ -107,10 +108,10 @@ def test_a_state_the_tier_refuses_is_given_up():
     assert state_job.chunk_indices.tolist() == [1]
     refusals = s.stats().store_refusals
     s.add_request("c", 36)
-    s.lookup("c", 0, 36, [bytes([99]) * 32] + HASHES[1:])
+    s.lookup("c", 0, 36, [bytes([99]) * 32, *HASHES[1:]])
     s.on_allocated("c", [[0] * 8 + [41], [71, 72, 73, 74, 75, 76, 77, 78, 79]])
     plan = s.plan_step(
-        [RequestUpdate("c", 36, 36, block_hashes=[bytes([99]) * 32] + HASHES[1:])],
+        [RequestUpdate("c", 36, 36, block_hashes=[bytes([99]) * 32, *HASHES[1:]])],
         (),
         [StateBlock("c", 0, 22, 12)],
     )
@@ -123,7 +124,7 @@ def test_a_state_the_tier_refuses_is_given_up():
 
 def test_a_state_block_handed_out_again_flushes_its_store():
     s = scheduler()
-    state_job, table_job = prefill(s, "a", StateBlock("a", 0, 21, 24))
+    state_job, _ = prefill(s, "a", StateBlock("a", 0, 21, 24))
     s.add_request("c", 12)
     s.lookup("c", 0, 12, [bytes([98]) * 32] * 3)
     s.on_allocated("c", [[21, 0, 0], [81, 82, 83]])
@@ -136,13 +137,16 @@ def test_a_state_block_handed_out_again_flushes_its_store():
     ("state", "match"),
     [
         (("a", 0, 21, 24), "state_blocks holds .* expected StateBlock items"),
-        (StateBlock("zz", 0, 21, 24), "zz"),
+        (StateBlock("zz", 0, 21, 24), "state_blocks names request_id='zz', which is not tracked"),
         (
             StateBlock("a", 1, 21, 24),
-            r"group=1 of request 'a' is invalid; allowed: a mamba group \(0\)",
+            r"group=1 of request 'a' is invalid; allowed: the index of a mamba group \(0\)",
         ),
         (StateBlock("a", 2, 21, 24), "group=2 of request 'a' is invalid"),
-        (StateBlock("a", 0, -1, 24), "StateBlock block_id=-1 is invalid"),
+        (StateBlock("a", False, 21, 24), "group=False of request 'a' is invalid"),
+        (StateBlock("a", 0, -1, 24), r"StateBlock block_id=\[-1\] is invalid"),
+        (StateBlock("a", 0, 2**63, 24), r"StateBlock block_id=\[9223372036854775808\] is invalid"),
+        (StateBlock("a", 0, True, 24), r"StateBlock block_id=\[True\] is invalid"),
         (StateBlock("a", 0, 21, -12), "StateBlock num_tokens=-12 is invalid"),
     ],
 )
@@ -152,12 +156,21 @@ def test_bad_state_blocks_are_refused_and_change_nothing(state, match):
     s.lookup("a", 0, 36, HASHES)
     s.on_allocated("a", [[0] * 8 + [40], FULL_TABLE])
     update = RequestUpdate("a", 36, 36, block_hashes=HASHES)
+    good = StateBlock("a", 0, 22, 12)
     with pytest.raises(ValueError, match=match):
-        s.plan_step([update], (), [state])
+        # A good hand-off before the bad one changes nothing either.
+        s.plan_step([update], (), [good, state])
     assert s.jobs_in_flight == []
     # The same step with good input plans as if nothing had been asked.
     state_job, _ = s.plan_step([update], (), [StateBlock("a", 0, 21, 24)]).store_jobs
     assert state_job.chunk_indices.tolist() == [1]
+
+
+def test_numpy_ints_are_taken():
+    s = scheduler()
+    (state_job, _) = prefill(s, "a", StateBlock("a", np.int64(0), np.int32(21), np.int64(24)))
+    assert state_job.parts == (GroupSlice(0, 1, 1, 2),)
+    assert state_job.gpu_block_ids.tolist() == [21]
 
 
 def test_a_model_without_mamba_groups_refuses_state_blocks():

@@ -55,12 +55,15 @@ class KVGroup:
             )
         if type(self.eagle) is not bool:
             raise ValueError(f"eagle={self.eagle!r} is invalid: true or false")
-        if self.kind == "mamba" and (self.eagle or self.extra_retained_tokens):
+        if self.kind == "mamba":
             # vLLM's draft models have no Mamba layers; a state has no window to extend.
-            raise ValueError(
-                f"a mamba group takes neither eagle={self.eagle!r} nor "
-                f"extra_retained_tokens={self.extra_retained_tokens!r}; allowed: False and 0"
-            )
+            if self.eagle:
+                raise ValueError("eagle=True is invalid for a mamba group; allowed: False")
+            if self.extra_retained_tokens:
+                raise ValueError(
+                    f"extra_retained_tokens={self.extra_retained_tokens!r} is invalid for a mamba "
+                    "group; allowed: 0"
+                )
 
     def window_chunks(self, tokens_per_chunk: int) -> int | None:
         """Chunks a hit needs before its boundary (`None`: the whole prefix)."""

@@ -67,6 +67,7 @@ _GROUP_IDX = 0  # a model with one full-attention group; others are planned by H
 _NO_BLOCKS: IntArray = np.empty(0, dtype=np.int64)
 _NO_BLOCKS.flags.writeable = False
 _PENDING = int(KeyStatus.PENDING)
+_MAX_ID = np.iinfo(np.int64).max
 
 
 def _short(values: object, shown: int = 5) -> str:
@@ -96,7 +97,12 @@ def _block_ids(name: str, values: Sequence[int] | IntArray) -> IntArray:
     ids = np.asarray(values)
     if ids.size == 0:
         return _NO_BLOCKS
-    if ids.ndim != 1 or ids.dtype.kind not in "iu" or int(ids.min()) < 0:
+    if (
+        ids.ndim != 1
+        or ids.dtype.kind not in "iu"
+        or int(ids.min()) < 0
+        or int(ids.max()) > _MAX_ID  # a uint64 past int64
+    ):
         raise ValueError(
             f"{name}={_short(values)} is invalid: expected a sequence of ints >= 0 (GPU block ids)"
         )
@@ -912,23 +918,26 @@ class OffloadScheduler:
     def _check_state(self, b: StateBlock) -> tuple[_Request, int, int, int]:
         if not isinstance(b, StateBlock):
             raise ValueError(f"state_blocks holds {b!r}: expected StateBlock items")
-        req = self._request(b.request_id)
-        if (
-            self.hybrid is None
-            or not (type(b.group) is int and 0 <= b.group < self.hybrid.num_groups)
-            or not self.hybrid.is_state(b.group)
-        ):
-            mamba = (
-                []
-                if self.hybrid is None
-                else [g for g in range(self.hybrid.num_groups) if self.hybrid.is_state(g)]
-            )
+        req = self._requests.get(b.request_id)
+        if req is None:
             raise ValueError(
-                f"StateBlock group={b.group!r} of request {b.request_id!r} is invalid; allowed: "
-                f"a mamba group ({', '.join(map(str, mamba)) or 'this model has none'})"
+                f"state_blocks names request_id={b.request_id!r}, which is not tracked "
+                "(add_request it first, or it finished)"
             )
-        block = _count("StateBlock block_id", b.block_id)
-        return req, b.group, block, _count("StateBlock num_tokens", b.num_tokens)
+        mamba = (
+            []
+            if self.hybrid is None
+            else [g for g in range(self.hybrid.num_groups) if self.hybrid.is_state(g)]
+        )
+        group = b.group
+        if isinstance(group, bool) or not hasattr(group, "__index__") or group not in mamba:
+            allowed = ", ".join(map(str, mamba)) or "this model has none"
+            raise ValueError(
+                f"StateBlock group={group!r} of request {b.request_id!r} is invalid; allowed: "
+                f"the index of a mamba group ({allowed})"
+            )
+        (block,) = _block_ids("StateBlock block_id", [b.block_id]).tolist()
+        return req, operator.index(group), block, _count("StateBlock num_tokens", b.num_tokens)
 
     def _store_state(
         self, state: tuple[_Request, int, int, int], num_tokens: dict[str, int]

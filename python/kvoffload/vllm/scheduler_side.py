@@ -71,8 +71,9 @@ class SchedulerSide:
             retention_interval=settings.retention_interval,
         )
         self._hybrid = settings.hybrid
-        # Window groups free blocks behind their window while a request runs: blocks handed out
-        # again in a step are not read by the stores still to plan, and fence the ones in flight.
+        # Window groups free blocks behind their window while a request runs, and Mamba groups
+        # the blocks their state has moved on from: blocks handed out again in a step are not
+        # read by the stores still to plan, and fence the ones in flight.
         self._watch_reallocation = any(g.kind != "full" for g in settings.groups)
         self._has_state = any(g.kind == "mamba" for g in settings.groups)
         self._allocated_blocks: set[int] = set()
@@ -140,9 +141,10 @@ class SchedulerSide:
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVOffloadMetadata:
         # Which in-flight jobs must finish before this step's forward pass: those of requests
-        # preempted now, whose blocks vLLM has freed and may hand out in this very step. No other
-        # block under a job can be handed out: a finished request keeps its blocks until its
-        # stores are reported (request_finished), and a loading one until its load is.
+        # preempted now, whose blocks vLLM has freed and may hand out in this very step. Other
+        # blocks under a job are held (a finished request keeps its blocks until its stores are
+        # reported, request_finished; a loading one until its load is), but for the window and
+        # Mamba blocks freed while a request runs, which `plan_step` fences.
         flush: list[int] = []
         for rid in scheduler_output.preempted_req_ids or ():
             # One preempted and given new blocks in this very step (a reset of running requests)

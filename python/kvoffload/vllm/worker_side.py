@@ -120,13 +120,13 @@ class WorkerSide:
             self.remote = self._connect(self.engine)
 
     def _unique_pages(self, kv_caches: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One tensor per memory region: layers that share one (KV sharing, and the layers of a
-        hybrid model's groups) are copied once, through an attention layer's view. A Mamba
-        layer's view covers only its state, not the padded page: one alone in its region is
-        viewed as an attention layer is."""
+        """One tensor per memory region, attention layers first (the order of a CPU slot's
+        segments): layers that share one (KV sharing, and the layers of a hybrid model's groups)
+        are copied once, through an attention layer's view. A Mamba layer's view covers only its
+        state, not the padded page: one alone in its region is viewed as an attention layer is."""
         states = {
             name
-            for group, layers in zip(self.settings.groups, self.settings.group_layers, strict=False)
+            for group, layers in zip(self.settings.groups, self.settings.group_layers, strict=True)
             if group.kind == "mamba"
             for name in layers
         }
