@@ -30,6 +30,9 @@ from kvoffload.store import CpuStore, KeyList, KeyStatus
 NULL_BLOCK = 0
 IntArray = npt.NDArray[np.int64]
 _READY = int(KeyStatus.READY)
+_INT64 = np.dtype(np.int64)  # an instance: np.frombuffer resolves a class on every call
+_Reach = tuple[int, int, int | None, list[int]]
+"""`(need, shift, segment, tail_ends)` of a sliding-window group (`_rust.reachable_blocks`)."""
 
 
 @dataclass
@@ -121,6 +124,8 @@ class HybridPlanner:
         self._order = full + self._windowed
         self._freeing = tuple(i for i in self._windowed if self.groups[i].kind != "mamba")
         """Window groups, which free blocks while their request runs."""
+        self.window_mask = [g.kind != "full" for g in self.groups]
+        """Per group: whether the engine may hand its blocks out again while the request runs."""
         self.has_window = bool(windowed)
         self.has_state = any(g.kind == "mamba" for g in self.groups)
         self.num_groups = len(self.groups)
@@ -334,7 +339,7 @@ class HybridPlanner:
         only chunks with a block a later hit can reach, and none whose reachable blocks it has
         already freed (null)."""
         bpc = self.bpc
-        picked: list[tuple[int, IntArray]] = []
+        offers: list[tuple[int, KeyList, list[int], int, _Reach | None]] = []
         ends: list[int] = []
         for gi, (group, state) in enumerate(zip(self.groups, states, strict=True)):
             n = self.storable(group, state, offloadable, decoding, finished)
@@ -343,15 +348,12 @@ class HybridPlanner:
             if n <= start or group.kind == "mamba":  # states come from `state_key`
                 continue
             table = state.block_ids[start * bpc : n * bpc]
-            reach = self._reach(group, boundaries)
-            if reach is None and NULL_BLOCK not in table:
-                picked.append((gi, np.arange(start, n, dtype=np.int64)))
-                continue
-            offered = _rust.offered_chunks(table, start * bpc, bpc, reach)
-            chosen = np.frombuffer(offered, dtype=np.int64)
-            if chosen.size:
-                picked.append((gi, chosen + start))
-        return self.batch(states, picked), ends
+            offers.append((gi, state.keys, table, start, self._reach(group, boundaries)))
+        if not offers:
+            return _NO_KEYS, ends
+        keys, groups, chunks, positions = _rust.group_offer(offers, bpc, self.num_groups)
+        as_ints = np.frombuffer
+        return KeyBatch(keys, as_ints(groups, _INT64), as_ints(chunks, _INT64), positions), ends
 
     def reachable(
         self, group: KVGroup, start_block: int, end_block: int, boundaries: Sequence[int]
@@ -363,9 +365,7 @@ class HybridPlanner:
         mask = None if reach is None else _rust.reachable_blocks(start_block, end_block, reach)
         return None if mask is None else np.frombuffer(mask, dtype=np.bool_)
 
-    def _reach(
-        self, group: KVGroup, boundaries: Sequence[int]
-    ) -> tuple[int, int, int | None, list[int]] | None:
+    def _reach(self, group: KVGroup, boundaries: Sequence[int]) -> _Reach | None:
         """The blocks a later hit reads of a sliding-window group (`_rust.reachable_blocks`):
         the `need` blocks before every `segment`-th block boundary from `shift`, and before the
         blocks ending each kept tail; `None` for any other group."""

@@ -1,8 +1,9 @@
-//! The store offer of a hybrid model's group (see `kvoffload_core::offered_chunks`).
+//! The store offer of a hybrid model's groups (see `kvoffload_core::offer_batch`).
 
+use crate::errors::to_py;
 use crate::ids::block_vec;
-use crate::keys::new_bytes;
-use kvoffload_core::WindowReach;
+use crate::keys::{new_bytes, KeyList};
+use kvoffload_core::{offer_batch, GroupOffer, WindowReach};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -40,30 +41,83 @@ pub fn reachable_blocks<'py>(
         .transpose()
 }
 
-/// The chunks of `table` (a group's blocks from `first_block`, whole chunks) a store offers, as
-/// offsets from its first chunk (int64 bytes).
+/// One group's part of `group_offer`'s offers.
+type Offer<'py> = (
+    u32,
+    Bound<'py, KeyList>,
+    Bound<'py, PyList>,
+    u64,
+    Option<Reach>,
+);
+/// What `group_offer` answers.
+type OfferBatch<'py> = (
+    KeyList,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+);
+
+/// A hybrid model's store offer of one request: per offering group `(group, keys, table,
+/// first_chunk, reach)`, its blocks of chunks `first_chunk..` (whole chunks), as
+/// `kvoffload_core::offer_batch` picks them: `(keys, groups, chunks, positions)`, the last three
+/// int64 bytes.
 #[pyfunction]
-#[pyo3(signature = (table, first_block, blocks_per_chunk, reach = None))]
-pub fn offered_chunks<'py>(
+pub fn group_offer<'py>(
     py: Python<'py>,
-    table: &Bound<'py, PyList>,
-    first_block: u64,
+    offers: Vec<Offer<'py>>,
     blocks_per_chunk: usize,
-    reach: Option<Reach>,
-) -> PyResult<Bound<'py, PyBytes>> {
-    if blocks_per_chunk == 0 || table.len() % blocks_per_chunk != 0 {
-        return Err(PyValueError::new_err(format!(
-            "table has {} blocks, blocks_per_chunk={blocks_per_chunk}: expected whole chunks",
-            table.len()
-        )));
+    num_groups: u32,
+) -> PyResult<OfferBatch<'py>> {
+    let mut tables = Vec::with_capacity(offers.len());
+    for (group, _, table, _, _) in &offers {
+        if blocks_per_chunk == 0 || table.len() % blocks_per_chunk != 0 {
+            return Err(PyValueError::new_err(format!(
+                "table of group {group} has {} blocks, blocks_per_chunk={blocks_per_chunk}: \
+                 expected whole chunks",
+                table.len()
+            )));
+        }
+        tables.push(block_vec(table, "table")?);
     }
-    let blocks = block_vec(table, "table")?;
-    let reach = reach.as_ref().map(window_reach);
-    let chunks =
-        kvoffload_core::offered_chunks(&blocks, first_block, blocks_per_chunk, reach.as_ref());
-    let raw: Vec<u8> = chunks
+    let guards = offers
+        .iter()
+        .map(|(_, keys, ..)| keys.get().read())
+        .collect::<PyResult<Vec<_>>>()?;
+    let parts: Vec<GroupOffer<'_>> = offers
+        .iter()
+        .zip(&guards)
+        .zip(&tables)
+        .map(
+            |(((group, _, _, first_chunk, reach), keys), table)| GroupOffer {
+                group: *group,
+                keys,
+                table,
+                first_chunk: *first_chunk,
+                reach: reach.as_ref().map(window_reach),
+            },
+        )
+        .collect();
+    let batch = offer_batch(&parts, blocks_per_chunk, num_groups).map_err(to_py)?;
+    drop(guards);
+    let groups: Vec<u8> = batch
+        .groups
+        .iter()
+        .flat_map(|&g| i64::from(g).to_ne_bytes())
+        .collect();
+    let chunks: Vec<u8> = batch
+        .chunks
         .iter()
         .flat_map(|&c| (c as i64).to_ne_bytes())
         .collect();
-    new_bytes(py, &raw)
+    let positions: Vec<u8> = batch
+        .positions
+        .iter()
+        .flat_map(|p| p.to_ne_bytes())
+        .collect();
+    Ok((
+        KeyList::from_buf(batch.keys),
+        new_bytes(py, &groups)?,
+        new_bytes(py, &chunks)?,
+        new_bytes(py, &positions)?,
+    ))
 }
