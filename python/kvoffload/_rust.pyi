@@ -23,6 +23,7 @@ __all__ = [
     "_colliding_keys",
     "are_block_ids",
     "group_offer",
+    "group_ranges",
     "load_window",
     "loadable_tokens",
     "mask_remote_url",
@@ -225,5 +226,8 @@ def group_offer(
     offers: Sequence[tuple[int, KeyList, list[int], int, _Reach | None]],
     blocks_per_chunk: int,
     num_groups: int,
+) -> tuple[KeyList, bytes, bytes, bytes]: ...
+def group_ranges(
+    ranges: Sequence[tuple[int, KeyList, int, int]], num_groups: int
 ) -> tuple[KeyList, bytes, bytes, bytes]: ...
 def _colliding_keys(n: int, bits: int = 12) -> list[bytes]: ...

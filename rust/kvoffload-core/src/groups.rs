@@ -39,7 +39,6 @@ pub fn offer_batch(
     num_groups: u32,
 ) -> Result<GroupBatch> {
     let mut batch = GroupBatch::default();
-    let n = i64::from(num_groups);
     for offer in offers {
         let chosen = offered_chunks(
             offer.table,
@@ -48,24 +47,42 @@ pub fn offer_batch(
             offer.reach.as_ref(),
         );
         for c in chosen {
-            let chunk = offer.first_chunk + c;
-            let key = usize::try_from(chunk)
-                .ok()
-                .and_then(|i| offer.keys.get(i))
-                .ok_or_else(|| Error::InvalidArgument {
-                    name: "table",
-                    value: format!("<chunk {chunk} of group {}>", offer.group),
-                    allowed: "chunks the group has keys for",
-                })?;
-            batch.keys.push_unchecked(key);
-            batch.groups.push(offer.group);
-            batch.chunks.push(chunk);
-            batch
-                .positions
-                .push(chunk as i64 * n + (n - 1 - i64::from(offer.group)));
+            batch.push(offer.group, offer.keys, offer.first_chunk + c, num_groups)?;
         }
     }
     Ok(batch)
+}
+
+/// Chunks `first..end` of each `(group, keys, first, end)`, in that order, with their
+/// positions (`GroupBatch`); `num_groups` is the model's group count.
+pub fn range_batch(ranges: &[(u32, &KeyBuf, u64, u64)], num_groups: u32) -> Result<GroupBatch> {
+    let mut batch = GroupBatch::default();
+    for &(group, keys, first, end) in ranges {
+        for chunk in first..end {
+            batch.push(group, keys, chunk, num_groups)?;
+        }
+    }
+    Ok(batch)
+}
+
+impl GroupBatch {
+    fn push(&mut self, group: u32, keys: &KeyBuf, chunk: u64, num_groups: u32) -> Result<()> {
+        let key = usize::try_from(chunk)
+            .ok()
+            .and_then(|i| keys.get(i))
+            .ok_or_else(|| Error::InvalidArgument {
+                name: "chunks",
+                value: format!("<chunk {chunk} of group {group}>"),
+                allowed: "chunks the group has keys for",
+            })?;
+        let n = i64::from(num_groups);
+        self.keys.push_unchecked(key);
+        self.groups.push(group);
+        self.chunks.push(chunk);
+        self.positions
+            .push(chunk as i64 * n + (n - 1 - i64::from(group)));
+        Ok(())
+    }
 }
 
 /// What a store job of a hybrid model reads.
@@ -195,5 +212,19 @@ mod tests {
         )
         .is_err());
         assert!(store_blocks(&[0], &[0], &[1], &[&[1]], &[false], 1).is_err());
+    }
+
+    #[test]
+    fn ranges_keep_their_order() {
+        let (full, window) = (keys(0, 5), keys(1, 4));
+        let batch = range_batch(&[(1, &window, 2, 4), (0, &full, 3, 5)], 2).unwrap();
+        let want: Vec<Vec<u8>> = vec![vec![1, 2], vec![1, 3], vec![0, 3], vec![0, 4]];
+        assert_eq!(batch.keys.to_vecs(), want);
+        assert_eq!(
+            (batch.groups, batch.chunks),
+            (vec![1, 1, 0, 0], vec![2, 3, 3, 4])
+        );
+        assert_eq!(batch.positions, [4, 6, 7, 9]);
+        assert!(range_batch(&[(1, &window, 3, 5)], 2).is_err());
     }
 }

@@ -1,9 +1,10 @@
-//! The store offer of a hybrid model's groups (see `kvoffload_core::offer_batch`).
+//! The key batches of a hybrid model's groups: a store's offer (see
+//! `kvoffload_core::offer_batch`) and a load's chunk ranges.
 
 use crate::errors::to_py;
 use crate::ids::block_vec;
 use crate::keys::{new_bytes, KeyList};
-use kvoffload_core::{offer_batch, GroupOffer, WindowReach};
+use kvoffload_core::{offer_batch, range_batch, GroupBatch, GroupOffer, KeyBuf, WindowReach};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -49,7 +50,7 @@ type Offer<'py> = (
     u64,
     Option<Reach>,
 );
-/// What `group_offer` answers.
+/// What `group_offer` and `group_ranges` answer.
 type OfferBatch<'py> = (
     KeyList,
     Bound<'py, PyBytes>,
@@ -99,6 +100,32 @@ pub fn group_offer<'py>(
         .collect();
     let batch = offer_batch(&parts, blocks_per_chunk, num_groups).map_err(to_py)?;
     drop(guards);
+    batch_answer(py, batch)
+}
+
+/// Chunks `first..end` of each `(group, keys, first, end)`, as `kvoffload_core::range_batch`
+/// gathers them: `(keys, groups, chunks, positions)`, the last three int64 bytes.
+#[pyfunction]
+pub fn group_ranges<'py>(
+    py: Python<'py>,
+    ranges: Vec<(u32, Bound<'py, KeyList>, u64, u64)>,
+    num_groups: u32,
+) -> PyResult<OfferBatch<'py>> {
+    let guards = ranges
+        .iter()
+        .map(|(_, keys, ..)| keys.get().read())
+        .collect::<PyResult<Vec<_>>>()?;
+    let parts: Vec<(u32, &KeyBuf, u64, u64)> = ranges
+        .iter()
+        .zip(&guards)
+        .map(|((group, _, first, end), keys)| (*group, &**keys, *first, *end))
+        .collect();
+    let batch = range_batch(&parts, num_groups).map_err(to_py)?;
+    drop(guards);
+    batch_answer(py, batch)
+}
+
+fn batch_answer(py: Python<'_>, batch: GroupBatch) -> PyResult<OfferBatch<'_>> {
     let groups: Vec<u8> = batch
         .groups
         .iter()
