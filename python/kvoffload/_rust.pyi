@@ -24,6 +24,7 @@ __all__ = [
     "are_block_ids",
     "group_offer",
     "group_ranges",
+    "group_used_keys",
     "load_window",
     "loadable_tokens",
     "mask_remote_url",
@@ -230,4 +231,5 @@ def group_offer(
 def group_ranges(
     ranges: Sequence[tuple[int, KeyList, int, int]], num_groups: int
 ) -> tuple[KeyList, bytes, bytes, bytes]: ...
+def group_used_keys(groups: Sequence[tuple[KeyList, set[int]]]) -> KeyList: ...
 def _colliding_keys(n: int, bits: int = 12) -> list[bytes]: ...

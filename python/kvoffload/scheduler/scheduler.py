@@ -958,18 +958,7 @@ class OffloadScheduler:
         """The keys the request used, head to tail (by chunk, then group), as vLLM refreshes
         them when a request finishes."""
         assert self.hybrid is not None and req.groups is not None
-        n = len(req.groups)
-        # By chunk, then group: the order of chunk * n + group.
-        order = np.sort(
-            np.concatenate(
-                [
-                    np.fromiter(state.used, np.int64, len(state.used)) * n + g
-                    for g, state in enumerate(req.groups)
-                ]
-            )
-        )
-        chunks, groups = np.divmod(order, n)
-        return KeyList.gather([s.keys for s in req.groups], groups.tobytes(), chunks.tobytes())
+        return _rust.group_used_keys([(state.keys, state.used) for state in req.groups])
 
     def _plan_reallocation(self, realloc: set[int]) -> list[int]:
         """The stores in flight reading a window block handed out again (wait for them), and

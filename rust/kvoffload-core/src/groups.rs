@@ -65,6 +65,22 @@ pub fn range_batch(ranges: &[(u32, &KeyBuf, u64, u64)], num_groups: u32) -> Resu
     Ok(batch)
 }
 
+/// The keys of each group's `chunks` (any order) by chunk, then group: the order vLLM refreshes
+/// a finished request's keys in.
+pub fn used_keys(groups: &[(&KeyBuf, &[u64])]) -> Result<KeyBuf> {
+    let mut order: Vec<(u64, u32)> = groups
+        .iter()
+        .enumerate()
+        .flat_map(|(g, (_, chunks))| chunks.iter().map(move |&c| (c, g as u32)))
+        .collect();
+    order.sort_unstable();
+    let mut batch = GroupBatch::default();
+    for (chunk, g) in order {
+        batch.push(g, groups[g as usize].0, chunk, groups.len() as u32)?;
+    }
+    Ok(batch.keys)
+}
+
 impl GroupBatch {
     fn push(&mut self, group: u32, keys: &KeyBuf, chunk: u64, num_groups: u32) -> Result<()> {
         let key = usize::try_from(chunk)
@@ -212,6 +228,15 @@ mod tests {
         )
         .is_err());
         assert!(store_blocks(&[0], &[0], &[1], &[&[1]], &[false], 1).is_err());
+    }
+
+    #[test]
+    fn used_keys_go_by_chunk_then_group() {
+        let (full, window) = (keys(0, 5), keys(1, 4));
+        let got = used_keys(&[(&full, &[3, 0, 1]), (&window, &[1, 2])]).unwrap();
+        let want: Vec<Vec<u8>> = vec![vec![0, 0], vec![0, 1], vec![1, 1], vec![1, 2], vec![0, 3]];
+        assert_eq!(got.to_vecs(), want);
+        assert!(used_keys(&[(&window, &[4])]).is_err());
     }
 
     #[test]
