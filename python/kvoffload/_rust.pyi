@@ -22,10 +22,12 @@ __all__ = [
     "Store",
     "_colliding_keys",
     "are_block_ids",
+    "group_offer",
+    "group_ranges",
+    "group_used_keys",
     "load_window",
     "loadable_tokens",
     "mask_remote_url",
-    "offered_chunks",
     "reachable_blocks",
     "storable_chunks",
 ]
@@ -97,6 +99,19 @@ class Store:
         positions: Sequence[int] | bytes | None = None,
         partial: bool = False,
     ) -> tuple[list[bytes] | KeyList, bytes, bytes, list[bytes]] | None: ...
+    def prepare_group_store(
+        self,
+        keys: KeyList,
+        groups: bytes,
+        chunks: bytes,
+        positions: bytes,
+        rank: int,
+        tables: Sequence[list[int]],
+        windowed: Sequence[bool],
+        blocks_per_chunk: int,
+    ) -> tuple[
+        list[list[int]], tuple[KeyList, bytes, bytes, bytes, list[int], list[int]] | None
+    ]: ...
     def complete_store(self, keys: _Keys, success: bool = True) -> None: ...
     def lookup_prefix(self, keys: _Keys) -> tuple[int, bool]: ...
     def lookup(self, keys: _Keys) -> bytes: ...
@@ -208,7 +223,13 @@ def are_block_ids(values: object) -> bool: ...
 _Reach = tuple[int, int, int | None, Sequence[int]]
 
 def reachable_blocks(start: int, end: int, reach: _Reach) -> bytes | None: ...
-def offered_chunks(
-    table: list[int], first_block: int, blocks_per_chunk: int, reach: _Reach | None = None
-) -> bytes: ...
+def group_offer(
+    offers: Sequence[tuple[int, KeyList, list[int], int, _Reach | None]],
+    blocks_per_chunk: int,
+    num_groups: int,
+) -> tuple[KeyList, bytes, bytes, bytes]: ...
+def group_ranges(
+    ranges: Sequence[tuple[int, KeyList, int, int]], num_groups: int
+) -> tuple[KeyList, bytes, bytes, bytes]: ...
+def group_used_keys(groups: Sequence[tuple[KeyList, set[int]]]) -> KeyList: ...
 def _colliding_keys(n: int, bits: int = 12) -> list[bytes]: ...

@@ -55,6 +55,20 @@ class StorePlan(NamedTuple):
     evicted: list[bytes]
 
 
+class GroupStorePlan(NamedTuple):
+    """What `prepare_group_store` accepted: write `keys[i]` (chunk `chunks[i]` of its group) to
+    `slots[i]` from GPU blocks `blocks[i * blocks_per_chunk : (i + 1) * blocks_per_chunk]`, then
+    call `complete_store(keys)`. The keys are in group order, `counts[g]` of them group `g`'s;
+    `window_blocks` are the live blocks of window groups among `blocks`."""
+
+    keys: KeyList
+    slots: npt.NDArray[np.int64]
+    chunks: npt.NDArray[np.int64]
+    blocks: npt.NDArray[np.int64]
+    counts: list[int]
+    window_blocks: list[int]
+
+
 @dataclass(frozen=True)
 class StoreEvent:
     kind: str
@@ -207,6 +221,34 @@ class CpuStore:
             return None
         to_write, indices, slots, evicted = out
         return StorePlan(to_write, _int64s(indices), _int64s(slots), evicted)
+
+    def prepare_group_store(
+        self,
+        keys: KeyList,
+        groups: bytes,
+        chunks: bytes,
+        positions: bytes,
+        *,
+        rank: int,
+        tables: list[list[int]],
+        windowed: list[bool],
+        blocks_per_chunk: int,
+    ) -> tuple[list[list[int]], GroupStorePlan | None]:
+        """`prepare_store` of a hybrid model's offer (key `i` is chunk `chunks[i]` of group
+        `groups[i]`, at `positions[i]` of request `rank`; all int64 bytes), in one call with what
+        its job needs: each group's offered chunks that no other store is writing now (a use of
+        them, even when refused), and the plan, with the blocks of each key read from its group's
+        whole table in `tables`; `windowed` flags the window groups."""
+        used, out = self._inner.prepare_group_store(
+            keys, groups, chunks, positions, rank, tables, windowed, blocks_per_chunk
+        )
+        if out is None:
+            return used, None
+        to_write, slots, planned, blocks, counts, window_blocks = out
+        plan = GroupStorePlan(
+            to_write, _int64s(slots), _int64s(planned), _int64s(blocks), counts, window_blocks
+        )
+        return used, plan
 
     def complete_store(self, keys: Keys, success: bool = True) -> None:
         """Ends the stores of `keys` (all pending): ready on success; on failure they are removed

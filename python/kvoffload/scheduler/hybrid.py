@@ -30,6 +30,9 @@ from kvoffload.store import CpuStore, KeyList, KeyStatus
 NULL_BLOCK = 0
 IntArray = npt.NDArray[np.int64]
 _READY = int(KeyStatus.READY)
+_INT64 = np.dtype(np.int64)  # an instance: np.frombuffer resolves a class on every call
+_Reach = tuple[int, int, int | None, list[int]]
+"""`(need, shift, segment, tail_ends)` of a sliding-window group (`_rust.reachable_blocks`)."""
 
 
 @dataclass
@@ -121,6 +124,8 @@ class HybridPlanner:
         self._order = full + self._windowed
         self._freeing = tuple(i for i in self._windowed if self.groups[i].kind != "mamba")
         """Window groups, which free blocks while their request runs."""
+        self.window_mask = [g.kind != "full" for g in self.groups]
+        """Per group: whether the engine may hand its blocks out again while the request runs."""
         self.has_window = bool(windowed)
         self.has_state = any(g.kind == "mamba" for g in self.groups)
         self.num_groups = len(self.groups)
@@ -128,24 +133,15 @@ class HybridPlanner:
     def new_state(self) -> list[GroupState]:
         return [GroupState() for _ in self.groups]
 
-    def batch(self, states: list[GroupState], picked: Sequence[tuple[int, IntArray]]) -> KeyBatch:
-        """The keys of `picked` (group, chunk indices), in that order. A key's place in its
-        request's eviction order is chunk * groups + (groups - 1 - group): vLLM ranks the keys of
-        one position (one per group) by key bytes, so the smaller group index leaves first."""
-        g = self.num_groups
+    def batch(self, states: list[GroupState], picked: Sequence[tuple[int, int, int]]) -> KeyBatch:
+        """The keys of chunks `first..end` of each `(group, first, end)` of `picked`, in that
+        order. A key's place in its request's eviction order is chunk * groups + (groups - 1 -
+        group): vLLM ranks the keys of one position (one per group) by key bytes, so the smaller
+        group index leaves first."""
         if not picked:
             return _NO_KEYS
-        if len(picked) == 1:
-            ((gi, chunks),) = picked
-            groups = np.full(len(chunks), gi, dtype=np.int64)
-        else:
-            groups = np.repeat(
-                np.asarray([gi for gi, _ in picked], dtype=np.int64), [len(c) for _, c in picked]
-            )
-            chunks = np.concatenate([c for _, c in picked])
-        keys = KeyList.gather([s.keys for s in states], groups.tobytes(), chunks.tobytes())
-        positions = (chunks * g + (g - 1 - groups)).tobytes()
-        return KeyBatch(keys, groups, chunks, positions)
+        ranges = [(g, states[g].keys, first, end) for g, first, end in picked]
+        return _key_batch(_rust.group_ranges(ranges, self.num_groups))
 
     def extend_keys(self, states: list[GroupState], block_hashes: Sequence[bytes]) -> None:
         for index, state in enumerate(states):
@@ -284,8 +280,8 @@ class HybridPlanner:
         num_blocks = cdiv(num_cached, tpb)
         end_chunk = cdiv(num_cached, tpc)
         first_fresh = cdiv(num_local, tpb)
-        picked: list[tuple[int, IntArray]] = []
-        blocks: list[IntArray] = []
+        picked: list[tuple[int, int, int]] = []
+        blocks: list[int] = []
         parts: list[GroupSlice] = []
         for gi, table in enumerate(tables):
             if len(table) < num_blocks:
@@ -293,22 +289,25 @@ class HybridPlanner:
                     f"block_ids of group {gi} has {len(table)} blocks; the load of {loadable} "
                     f"tokens needs {num_blocks}"
                 )
-            fresh = np.asarray(table[first_fresh:num_blocks], dtype=np.int64)
-            live = np.flatnonzero(fresh != NULL_BLOCK)
-            if not live.size:
+            # List methods, not numpy: a few per group, each at C speed.
+            fresh = list(table[first_fresh:num_blocks])
+            nulls = fresh.count(NULL_BLOCK)
+            if nulls == len(fresh):
                 continue
-            start = first_fresh + int(live[0])
-            if (fresh[live[0] :] == NULL_BLOCK).any():
+            if NULL_BLOCK in fresh[nulls:]:
+                # The nulls are not all before the first live block.
+                start = first_fresh + next(i for i, b in enumerate(fresh) if b != NULL_BLOCK)
                 raise ValueError(
                     f"block_ids of group {gi} has the null block (0) among the blocks "
                     f"{start}..{num_blocks - 1} the load writes; allowed: null blocks only "
                     "before a window"
                 )
+            start = first_fresh + nulls
             first_chunk = start // bpc
-            picked.append((gi, np.arange(first_chunk, end_chunk, dtype=np.int64)))
-            blocks.append(fresh[live[0] :])
+            picked.append((gi, first_chunk, end_chunk))
+            blocks.extend(fresh[nulls:])
             parts.append(GroupSlice(gi, end_chunk - first_chunk, num_blocks - start, start % bpc))
-        gpu = np.concatenate(blocks) if blocks else _EMPTY
+        gpu = np.array(blocks, dtype=np.int64) if blocks else _EMPTY
         return LoadPlan(self.batch(states, picked), gpu, tuple(parts), end_chunk)
 
     # --- stores ----------------------------------------------------------------------------------
@@ -334,7 +333,7 @@ class HybridPlanner:
         only chunks with a block a later hit can reach, and none whose reachable blocks it has
         already freed (null)."""
         bpc = self.bpc
-        picked: list[tuple[int, IntArray]] = []
+        offers: list[tuple[int, KeyList, list[int], int, _Reach | None]] = []
         ends: list[int] = []
         for gi, (group, state) in enumerate(zip(self.groups, states, strict=True)):
             n = self.storable(group, state, offloadable, decoding, finished)
@@ -343,15 +342,10 @@ class HybridPlanner:
             if n <= start or group.kind == "mamba":  # states come from `state_key`
                 continue
             table = state.block_ids[start * bpc : n * bpc]
-            reach = self._reach(group, boundaries)
-            if reach is None and NULL_BLOCK not in table:
-                picked.append((gi, np.arange(start, n, dtype=np.int64)))
-                continue
-            offered = _rust.offered_chunks(table, start * bpc, bpc, reach)
-            chosen = np.frombuffer(offered, dtype=np.int64)
-            if chosen.size:
-                picked.append((gi, chosen + start))
-        return self.batch(states, picked), ends
+            offers.append((gi, state.keys, table, start, self._reach(group, boundaries)))
+        if not offers:
+            return _NO_KEYS, ends
+        return _key_batch(_rust.group_offer(offers, bpc, self.num_groups)), ends
 
     def reachable(
         self, group: KVGroup, start_block: int, end_block: int, boundaries: Sequence[int]
@@ -363,9 +357,7 @@ class HybridPlanner:
         mask = None if reach is None else _rust.reachable_blocks(start_block, end_block, reach)
         return None if mask is None else np.frombuffer(mask, dtype=np.bool_)
 
-    def _reach(
-        self, group: KVGroup, boundaries: Sequence[int]
-    ) -> tuple[int, int, int | None, list[int]] | None:
+    def _reach(self, group: KVGroup, boundaries: Sequence[int]) -> _Reach | None:
         """The blocks a later hit reads of a sliding-window group (`_rust.reachable_blocks`):
         the `need` blocks before every `segment`-th block boundary from `shift`, and before the
         blocks ending each kept tail; `None` for any other group."""
@@ -392,7 +384,7 @@ class HybridPlanner:
         chunk = num_tokens // tpc - 1
         if chunk >= len(states[group].keys):
             return None
-        return self.batch(states, [(group, np.array([chunk], dtype=np.int64))])
+        return self.batch(states, [(group, chunk, chunk + 1)])
 
     def drop_reallocated(self, states: list[GroupState], realloc: set[int]) -> None:
         """A window group frees blocks behind its window while the request runs: ids of them the
@@ -414,6 +406,11 @@ class HybridPlanner:
 
     def is_state(self, group: int) -> bool:
         return self.groups[group].kind == "mamba"
+
+
+def _key_batch(answer: tuple[KeyList, bytes, bytes, bytes]) -> KeyBatch:
+    keys, groups, chunks, positions = answer
+    return KeyBatch(keys, np.frombuffer(groups, _INT64), np.frombuffer(chunks, _INT64), positions)
 
 
 _EMPTY: IntArray = np.empty(0, dtype=np.int64)

@@ -877,15 +877,21 @@ class OffloadScheduler:
             return None
         offer, ends = self._offer(req, computed, req.num_tokens, req.finishing, junction)
         plan = None
+        bpc = self.config.blocks_per_chunk
         if len(offer.keys):
             # A chunk another request is storing now is not a use of it (as in vLLM).
-            status = self.store.lookup(offer.keys)
-            used = status != _PENDING
-            for g, state in enumerate(req.groups):
-                state.used.update(offer.chunks[used & (offer.groups == g)].tolist())
-            plan = self.store.prepare_store(
-                offer.keys, rank=self._rank(req), positions=offer.positions
+            used, plan = self.store.prepare_group_store(
+                offer.keys,
+                offer.groups.tobytes(),
+                offer.chunks.tobytes(),
+                offer.positions,
+                rank=self._rank(req),
+                tables=[state.block_ids for state in req.groups],
+                windowed=self.hybrid.window_mask,
+                blocks_per_chunk=bpc,
             )
+            for state, chunks in zip(req.groups, used, strict=True):
+                state.used.update(chunks)
             if plan is None:
                 # The frontier stays: the same chunks are offered again next step.
                 self._stats.store_refusals += 1
@@ -894,26 +900,12 @@ class OffloadScheduler:
             state.next_stored = max(state.next_stored, end)
         if plan is None or not plan.keys:
             return None
-        bpc = self.config.blocks_per_chunk
-        groups, chunks = offer.groups[plan.indices], offer.chunks[plan.indices]
-        counts = np.bincount(groups, minlength=self.hybrid.num_groups).tolist()
-        blocks, parts = [], []
-        window_blocks: list[int] = []
-        for g, n in enumerate(counts):
-            if not n:
-                continue
-            mine = chunks[groups == g]
-            lo, hi = int(mine[0]), int(mine[-1]) + 1
-            table = np.asarray(req.groups[g].block_ids[lo * bpc : hi * bpc], dtype=np.int64)
-            blocks.append(table.reshape(-1, bpc)[mine - lo].reshape(-1))
-            parts.append(GroupSlice(g, n, n * bpc))
-            if self.hybrid.groups[g].kind != "full":
-                window_blocks.extend(b for b in blocks[-1].tolist() if b != NULL_BLOCK)
-        assert isinstance(plan.keys, KeyList)
-        src = np.concatenate(blocks)
-        job_id = self._track("store", req, plan.keys, src, tuple(window_blocks))
+        parts = tuple(GroupSlice(g, n, n * bpc) for g, n in enumerate(plan.counts) if n)
+        job_id = self._track("store", req, plan.keys, plan.blocks, tuple(plan.window_blocks))
         self._stats.store_jobs += 1
-        return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, chunks, tuple(parts))
+        return StoreJob(
+            job_id, req.request_id, plan.keys, plan.slots, plan.blocks, plan.chunks, parts
+        )
 
     def _check_state(self, b: StateBlock) -> tuple[_Request, int, int, int]:
         if not isinstance(b, StateBlock):
@@ -975,18 +967,7 @@ class OffloadScheduler:
         """The keys the request used, head to tail (by chunk, then group), as vLLM refreshes
         them when a request finishes."""
         assert self.hybrid is not None and req.groups is not None
-        n = len(req.groups)
-        # By chunk, then group: the order of chunk * n + group.
-        order = np.sort(
-            np.concatenate(
-                [
-                    np.fromiter(state.used, np.int64, len(state.used)) * n + g
-                    for g, state in enumerate(req.groups)
-                ]
-            )
-        )
-        chunks, groups = np.divmod(order, n)
-        return KeyList.gather([s.keys for s in req.groups], groups.tobytes(), chunks.tobytes())
+        return _rust.group_used_keys([(state.keys, state.used) for state in req.groups])
 
     def _plan_reallocation(self, realloc: set[int]) -> list[int]:
         """The stores in flight reading a window block handed out again (wait for them), and

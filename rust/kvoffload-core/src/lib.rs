@@ -7,6 +7,7 @@
 mod chunk;
 mod error;
 mod events;
+mod groups;
 mod index;
 mod key;
 mod keybuf;
@@ -23,6 +24,9 @@ pub use chunk::{
 };
 pub use error::{Error, Result};
 pub use events::{Event, EventKind};
+pub use groups::{
+    offer_batch, range_batch, store_blocks, used_keys, GroupBatch, GroupOffer, StoreBlocks,
+};
 pub use key::{validate_keys, MAX_KEY_LEN, OLD_PUBLIC_SEED};
 pub use keybuf::KeyBuf;
 pub use policy::{PolicyKind, Rank, POLICY_NAMES};

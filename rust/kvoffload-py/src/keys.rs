@@ -228,7 +228,7 @@ impl KeyList {
         }
     }
 
-    fn read(&self) -> PyResult<RwLockReadGuard<'_, KeyBuf>> {
+    pub(crate) fn read(&self) -> PyResult<RwLockReadGuard<'_, KeyBuf>> {
         self.inner
             .read()
             .map_err(|_| KVOffloadError::new_err("KeyList is unusable after a panic"))

@@ -1,8 +1,11 @@
 //! `Store`: the CPU-tier block store, one core call per batch with the GIL released.
 
 use crate::errors::{to_py, KVOffloadError};
-use crate::keys::{bytes_list, int64_bytes, new_bytes, KeyArg};
-use kvoffload_core::{Error, EventKind, PolicyKind, Positions, RankedBatch};
+use crate::ids::block_vec;
+use crate::keys::{bytes_list, int64_bytes, int64s_as_u32, new_bytes, KeyArg, KeyList};
+use kvoffload_core::{
+    store_blocks, Error, EventKind, KeyStatus, PolicyKind, Positions, RankedBatch,
+};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -145,6 +148,122 @@ impl Store {
             return Err(err);
         }
         answer.map(Some)
+    }
+
+    /// A hybrid model's store of one request's offer (`group_offer`'s keys, groups, chunks and
+    /// positions, int64 bytes): `(used, plan)`, `used` each group's offered chunks that no other
+    /// store is writing now (a use of them); `plan` `None` when the store cannot take the keys
+    /// now, else `(keys_to_write, slots, chunks, blocks, counts, window_blocks)`: `slots`,
+    /// `chunks` and `blocks` (the GPU blocks each key is read from, by `tables`) int64 bytes,
+    /// `counts` the keys per group, `window_blocks` the live blocks of `windowed` groups among
+    /// `blocks`.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn prepare_group_store<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, KeyList>,
+        groups: &Bound<'py, PyBytes>,
+        chunks: &Bound<'py, PyBytes>,
+        positions: &Bound<'py, PyAny>,
+        rank: u64,
+        tables: Vec<Bound<'py, PyList>>,
+        windowed: Vec<bool>,
+        blocks_per_chunk: usize,
+    ) -> PyResult<(
+        Vec<Vec<u64>>,
+        Option<(
+            Bound<'py, PyAny>,
+            Bound<'py, PyBytes>,
+            Bound<'py, PyBytes>,
+            Bound<'py, PyBytes>,
+            Vec<u32>,
+            Vec<u64>,
+        )>,
+    )> {
+        let arg = KeyArg::extract(keys.as_any())?;
+        let groups = int64s_as_u32("groups", groups.as_bytes())?;
+        let chunks: Vec<u64> = int64s_as_u32("chunks", chunks.as_bytes())?
+            .into_iter()
+            .map(u64::from)
+            .collect();
+        let positions = extract_positions(positions)?;
+        let tables = tables
+            .iter()
+            .enumerate()
+            .map(|(g, t)| block_vec(t, &format!("tables[{g}]")))
+            .collect::<PyResult<Vec<_>>>()?;
+        let table_refs: Vec<&[u64]> = tables.iter().map(Vec::as_slice).collect();
+        let batch = Some(RankedBatch {
+            rank,
+            positions: Positions::Each(&positions),
+        });
+        let (used, plan) = self.with_keys(py, &arg, |s, k| {
+            let mut used = vec![Vec::new(); table_refs.len()];
+            for (i, status) in s.lookup(k)?.into_iter().enumerate() {
+                if status != KeyStatus::Pending {
+                    if let Some(group) = used.get_mut(groups[i] as usize) {
+                        group.push(chunks[i]);
+                    }
+                }
+            }
+            let Some(plan) = s.prepare_store_ranked(k, batch, false)? else {
+                return Ok((used, None));
+            };
+            let blocks = store_blocks(
+                &groups,
+                &chunks,
+                &plan.indices,
+                &table_refs,
+                &windowed,
+                blocks_per_chunk,
+            );
+            match blocks {
+                Ok(blocks) => Ok((used, Some((plan, blocks)))),
+                Err(err) => {
+                    // Never handed out: the caller cannot complete these stores.
+                    let new: Vec<&[u8]> = plan.indices.iter().map(|&i| k[i as usize]).collect();
+                    s.complete_store(&new, false)?;
+                    Err(err)
+                }
+            }
+        })?;
+        let Some((plan, blocks)) = plan else {
+            return Ok((used, None));
+        };
+        let answer = (|| -> PyResult<_> {
+            let planned: Vec<u8> = plan
+                .indices
+                .iter()
+                .flat_map(|&i| (chunks[i as usize] as i64).to_ne_bytes())
+                .collect();
+            let src: Vec<u8> = blocks
+                .blocks
+                .iter()
+                .flat_map(|&b| (b as i64).to_ne_bytes())
+                .collect();
+            Ok((
+                arg.select(py, &plan.indices)?,
+                int64_bytes(py, &plan.slots)?,
+                new_bytes(py, &planned)?,
+                new_bytes(py, &src)?,
+                blocks.counts,
+                blocks.window_blocks,
+            ))
+        })();
+        match answer {
+            Ok(answer) => Ok((used, Some(answer))),
+            Err(err) => {
+                // As in `prepare_store`: undo the stores the caller will never complete.
+                let undone = self.with_keys(py, &arg, |s, k| {
+                    let new: Vec<&[u8]> = plan.indices.iter().map(|&i| k[i as usize]).collect();
+                    s.complete_store(&new, false)
+                });
+                if let Err(undo_err) = undone {
+                    err.set_cause(py, Some(undo_err));
+                }
+                Err(err)
+            }
+        }
     }
 
     #[pyo3(signature = (keys, success = true))]

@@ -1,0 +1,255 @@
+//! A hybrid model's store batches across its KV-cache groups (the Python `HybridPlanner`): one
+//! pass per request and step, where a numpy round trip per group cost more than the store's own
+//! work.
+
+use crate::error::{Error, Result};
+use crate::keybuf::KeyBuf;
+use crate::window::{offered_chunks, WindowReach, NULL_BLOCK};
+
+/// One group's part of a store offer.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupOffer<'a> {
+    pub group: u32,
+    /// The group's chunk keys, from its first chunk.
+    pub keys: &'a KeyBuf,
+    /// The group's blocks of chunks `first_chunk..`, whole chunks up to its storable end.
+    pub table: &'a [u64],
+    pub first_chunk: u64,
+    /// A sliding-window group's reach (`offered_chunks`).
+    pub reach: Option<WindowReach<'a>>,
+}
+
+/// Keys picked from a request's groups, in group order (chunk order within a group).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GroupBatch {
+    pub keys: KeyBuf,
+    pub groups: Vec<u32>,
+    pub chunks: Vec<u64>,
+    /// Each key's place in its request's eviction order: `chunk * groups + (groups - 1 -
+    /// group)`, so that of one chunk's keys the smaller group index leaves first (vLLM ranks
+    /// them by key bytes, which end with the group index).
+    pub positions: Vec<i64>,
+}
+
+/// The chunks each group offers (`offered_chunks`), with their keys and positions; `num_groups`
+/// is the model's group count.
+pub fn offer_batch(
+    offers: &[GroupOffer<'_>],
+    blocks_per_chunk: usize,
+    num_groups: u32,
+) -> Result<GroupBatch> {
+    let mut batch = GroupBatch::default();
+    for offer in offers {
+        let chosen = offered_chunks(
+            offer.table,
+            offer.first_chunk * blocks_per_chunk as u64,
+            blocks_per_chunk,
+            offer.reach.as_ref(),
+        );
+        for c in chosen {
+            batch.push(offer.group, offer.keys, offer.first_chunk + c, num_groups)?;
+        }
+    }
+    Ok(batch)
+}
+
+/// Chunks `first..end` of each `(group, keys, first, end)`, in that order, with their
+/// positions (`GroupBatch`); `num_groups` is the model's group count.
+pub fn range_batch(ranges: &[(u32, &KeyBuf, u64, u64)], num_groups: u32) -> Result<GroupBatch> {
+    let mut batch = GroupBatch::default();
+    for &(group, keys, first, end) in ranges {
+        for chunk in first..end {
+            batch.push(group, keys, chunk, num_groups)?;
+        }
+    }
+    Ok(batch)
+}
+
+/// The keys of each group's `chunks` (any order) by chunk, then group: the order vLLM refreshes
+/// a finished request's keys in.
+pub fn used_keys(groups: &[(&KeyBuf, &[u64])]) -> Result<KeyBuf> {
+    let mut order: Vec<(u64, u32)> = groups
+        .iter()
+        .enumerate()
+        .flat_map(|(g, (_, chunks))| chunks.iter().map(move |&c| (c, g as u32)))
+        .collect();
+    order.sort_unstable();
+    let mut batch = GroupBatch::default();
+    for (chunk, g) in order {
+        batch.push(g, groups[g as usize].0, chunk, groups.len() as u32)?;
+    }
+    Ok(batch.keys)
+}
+
+impl GroupBatch {
+    fn push(&mut self, group: u32, keys: &KeyBuf, chunk: u64, num_groups: u32) -> Result<()> {
+        let key = usize::try_from(chunk)
+            .ok()
+            .and_then(|i| keys.get(i))
+            .ok_or_else(|| Error::InvalidArgument {
+                name: "chunks",
+                value: format!("<chunk {chunk} of group {group}>"),
+                allowed: "chunks the group has keys for",
+            })?;
+        let n = i64::from(num_groups);
+        self.keys.push_unchecked(key);
+        self.groups.push(group);
+        self.chunks.push(chunk);
+        self.positions
+            .push(chunk as i64 * n + (n - 1 - i64::from(group)));
+        Ok(())
+    }
+}
+
+/// What a store job of a hybrid model reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreBlocks {
+    /// The GPU blocks of every planned key, in plan order.
+    pub blocks: Vec<u64>,
+    /// How many planned keys each group has.
+    pub counts: Vec<u32>,
+    /// The live blocks of window groups among `blocks`: the engine may hand them out again while
+    /// their request still runs.
+    pub window_blocks: Vec<u64>,
+}
+
+/// The blocks of the offered keys at `indices` (a store plan's; key `i` is chunk `chunks[i]` of
+/// group `groups[i]`), read from each group's whole `tables` entry; `windowed` says which groups
+/// free blocks while their request runs.
+pub fn store_blocks(
+    groups: &[u32],
+    chunks: &[u64],
+    indices: &[u32],
+    tables: &[&[u64]],
+    windowed: &[bool],
+    blocks_per_chunk: usize,
+) -> Result<StoreBlocks> {
+    let bpc = blocks_per_chunk;
+    let mut out = StoreBlocks {
+        blocks: Vec::with_capacity(indices.len() * bpc),
+        counts: vec![0; tables.len()],
+        window_blocks: Vec::new(),
+    };
+    for &i in indices {
+        let (Some(&g), Some(&chunk)) = (groups.get(i as usize), chunks.get(i as usize)) else {
+            return Err(Error::InvalidArgument {
+                name: "indices",
+                value: format!("<{i} for {} keys>", groups.len().min(chunks.len())),
+                allowed: "positions of offered keys",
+            });
+        };
+        let g = g as usize;
+        let first = usize::try_from(chunk)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(bpc);
+        let blocks = tables
+            .get(g)
+            .and_then(|t| t.get(first..first.saturating_add(bpc)))
+            .ok_or_else(|| Error::InvalidArgument {
+                name: "tables",
+                value: format!("<chunk {chunk} of group {g}>"),
+                allowed: "tables holding every planned chunk's blocks",
+            })?;
+        out.blocks.extend_from_slice(blocks);
+        out.counts[g] += 1;
+        if windowed.get(g).copied().unwrap_or(false) {
+            out.window_blocks
+                .extend(blocks.iter().filter(|&&b| b != NULL_BLOCK));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(group: u8, n: u8) -> KeyBuf {
+        let keys: Vec<Vec<u8>> = (0..n).map(|c| vec![group, c]).collect();
+        KeyBuf::from_keys(&keys).unwrap()
+    }
+
+    #[test]
+    fn offers_live_chunks_in_group_order_with_positions() {
+        let (full, window) = (keys(0, 5), keys(1, 4));
+        let reach = WindowReach {
+            need: 1,
+            shift: 0,
+            segment: None,
+            tail_ends: &[4],
+        };
+        let mut offers = [
+            GroupOffer {
+                group: 0,
+                keys: &full,
+                table: &[5, 6, 0, 8],
+                first_chunk: 1,
+                reach: None,
+            },
+            GroupOffer {
+                group: 1,
+                keys: &window,
+                table: &[0, 0, 7],
+                first_chunk: 1,
+                reach: Some(reach),
+            },
+        ];
+        let batch = offer_batch(&offers, 1, 2).unwrap();
+        let want: Vec<Vec<u8>> = vec![vec![0, 1], vec![0, 2], vec![0, 4], vec![1, 3]];
+        assert_eq!(batch.keys.to_vecs(), want);
+        assert_eq!(batch.groups, [0, 0, 0, 1]);
+        assert_eq!(batch.chunks, [1, 2, 4, 3]);
+        assert_eq!(batch.positions, [3, 5, 9, 6]);
+
+        let blocks = store_blocks(
+            &batch.groups,
+            &batch.chunks,
+            &[1, 3],
+            &[&[9, 5, 6, 0, 8], &[0, 0, 0, 7]],
+            &[false, true],
+            1,
+        )
+        .unwrap();
+        assert_eq!(blocks.blocks, [6, 7]);
+        assert_eq!(blocks.counts, [1, 1]);
+        assert_eq!(blocks.window_blocks, [7]);
+
+        // A chunk past the group's keys is refused, not read out of range.
+        offers[1].keys = &full;
+        offers[0].keys = &window;
+        assert!(offer_batch(&offers, 1, 2).is_err());
+        assert!(store_blocks(
+            &batch.groups,
+            &batch.chunks,
+            &[2],
+            &[&[1, 2], &[]],
+            &[false, true],
+            1
+        )
+        .is_err());
+        assert!(store_blocks(&[0], &[0], &[1], &[&[1]], &[false], 1).is_err());
+    }
+
+    #[test]
+    fn used_keys_go_by_chunk_then_group() {
+        let (full, window) = (keys(0, 5), keys(1, 4));
+        let got = used_keys(&[(&full, &[3, 0, 1]), (&window, &[1, 2])]).unwrap();
+        let want: Vec<Vec<u8>> = vec![vec![0, 0], vec![0, 1], vec![1, 1], vec![1, 2], vec![0, 3]];
+        assert_eq!(got.to_vecs(), want);
+        assert!(used_keys(&[(&window, &[4])]).is_err());
+    }
+
+    #[test]
+    fn ranges_keep_their_order() {
+        let (full, window) = (keys(0, 5), keys(1, 4));
+        let batch = range_batch(&[(1, &window, 2, 4), (0, &full, 3, 5)], 2).unwrap();
+        let want: Vec<Vec<u8>> = vec![vec![1, 2], vec![1, 3], vec![0, 3], vec![0, 4]];
+        assert_eq!(batch.keys.to_vecs(), want);
+        assert_eq!(
+            (batch.groups, batch.chunks),
+            (vec![1, 1, 0, 0], vec![2, 3, 3, 4])
+        );
+        assert_eq!(batch.positions, [4, 6, 7, 9]);
+        assert!(range_batch(&[(1, &window, 3, 5)], 2).is_err());
+    }
+}
