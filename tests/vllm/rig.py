@@ -15,7 +15,10 @@ layer of one group sharing its memory with one of the other. `"full+swa+draft"` 
 draft layers, which vLLM groups with the full-attention ones (groups 1 and 2, both EAGLE
 groups). The fake forward pass then checks, per group, what that group's attention reads: every
 earlier position for full attention, the last `window - 1` for a sliding window, those of the
-current attention chunk for chunked-local attention (`geometry="full+local"`).
+current attention chunk for chunked-local attention (`geometry="full+local"`). With
+`geometry="full+mamba"` layers 0 and 2 are Mamba layers ("align" mode, group 0, a 768-byte state
+padded to the attention page): the fake runner keeps each request's state in one block as vLLM's
+does (`_run_states`) and checks the state each step reads.
 """
 
 from __future__ import annotations
