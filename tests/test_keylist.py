@@ -96,21 +96,6 @@ def _i64(values: list[int]) -> bytes:
     return np.asarray(values, dtype=np.int64).tobytes()
 
 
-def test_gather_picks_keys_across_lists_in_the_order_given():
-    a, b = KeyList([b"a0", b"a1", b"a2"]), KeyList([b"b0", b"b1"])
-    picked = KeyList.gather([a, b], _i64([1, 0, 1, 0]), _i64([1, 2, 0, 0]))
-    assert picked.to_list() == [b"b1", b"a2", b"b0", b"a0"]
-    assert len(KeyList.gather([a], b"", b"")) == 0
-    with pytest.raises(ValueError, match=r"entry 1 \(list 1, key 2\)"):
-        KeyList.gather([a, b], _i64([0, 1]), _i64([0, 2]))
-    with pytest.raises(ValueError, match="one per entry of which"):
-        KeyList.gather([a], _i64([0, 0]), _i64([0]))
-    with pytest.raises(ValueError, match=r"which\[0\]=-1 is invalid"):
-        KeyList.gather([a], _i64([-1]), _i64([0]))
-    with pytest.raises(ValueError, match="a multiple of 8 bytes"):
-        KeyList.gather([a], b"\x00", _i64([0]))
-
-
 def test_positions_may_be_given_as_int64_bytes():
     by_list, by_bytes, reversed_ = CpuStore(8), CpuStore(8), CpuStore(8)
     keys = [b"k0", b"k1", b"k2"]

@@ -117,37 +117,6 @@ impl KeyBuf {
         out
     }
 
-    /// Key `index[i]` of buffer `which[i]` of `sources`, for every `i`, in that order: one
-    /// batch of keys picked from several buffers (a hybrid model's groups). Errors name the first
-    /// pair that is out of range; nothing is built then.
-    pub fn gather_many(sources: &[&KeyBuf], which: &[u32], index: &[u32]) -> Result<KeyBuf> {
-        if which.len() != index.len() {
-            return Err(Error::InvalidArgument {
-                name: "index",
-                value: format!("{} entries for {} in which", index.len(), which.len()),
-                allowed: "one per entry of which",
-            });
-        }
-        for (i, (&w, &k)) in which.iter().zip(index).enumerate() {
-            let in_range = sources
-                .get(w as usize)
-                .is_some_and(|buf| (k as usize) < buf.len());
-            if !in_range {
-                return Err(Error::InvalidArgument {
-                    name: "index",
-                    value: format!("entry {i} (list {w}, key {k})"),
-                    allowed: "a list given and a key index below its length",
-                });
-            }
-        }
-        let mut out = KeyBuf::new();
-        out.ends.reserve(which.len());
-        for (&w, &k) in which.iter().zip(index) {
-            out.push_unchecked(sources[w as usize].get(k as usize).expect("checked above"));
-        }
-        Ok(out)
-    }
-
     /// The chunk keys `extend_chunk_keys` would append for `block_hashes` starting at the
     /// request's block `first_block`, as a buffer of their own (errors name block indices from
     /// `first_block`).
@@ -230,28 +199,6 @@ fn append_chunk_keys<H: AsRef<[u8]>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn gather_many_picks_across_buffers_in_order_and_checks_ranges() {
-        let a = KeyBuf::from_keys(&[b"a0".as_slice(), b"a1", b"a2"]).unwrap();
-        let b = KeyBuf::from_keys(&[b"b0".as_slice(), b"b1"]).unwrap();
-        let got = KeyBuf::gather_many(&[&a, &b], &[1, 0, 1, 0], &[1, 2, 0, 0]).unwrap();
-        assert_eq!(
-            got.to_vecs(),
-            vec![
-                b"b1".to_vec(),
-                b"a2".to_vec(),
-                b"b0".to_vec(),
-                b"a0".to_vec()
-            ]
-        );
-        let empty = KeyBuf::gather_many(&[&a], &[], &[]).unwrap();
-        assert!(empty.is_empty());
-        let err = KeyBuf::gather_many(&[&a, &b], &[0, 1], &[0, 2]).unwrap_err();
-        assert!(err.to_string().contains("entry 1 (list 1, key 2)"), "{err}");
-        assert!(KeyBuf::gather_many(&[&a], &[2], &[0]).is_err());
-        assert!(KeyBuf::gather_many(&[&a], &[0, 0], &[0]).is_err());
-    }
 
     #[test]
     fn keys_take_the_last_hash_of_each_chunk_plus_group() {

@@ -325,26 +325,6 @@ impl KeyList {
         Ok((py.get_type::<KeyList>(), (self.to_list(py)?,)))
     }
 
-    /// Key `index[i]` of `lists[which[i]]` for every `i`, as a new `KeyList`: `which` and
-    /// `index` are int64 arrays as bytes (numpy's `tobytes()`), of one length.
-    #[staticmethod]
-    fn gather(
-        lists: Vec<Bound<'_, KeyList>>,
-        which: &Bound<'_, PyBytes>,
-        index: &Bound<'_, PyBytes>,
-    ) -> PyResult<KeyList> {
-        let which = int64s_as_u32("which", which.as_bytes())?;
-        let index = int64s_as_u32("index", index.as_bytes())?;
-        let guards = lists
-            .iter()
-            .map(|list| list.get().read())
-            .collect::<PyResult<Vec<_>>>()?;
-        let sources: Vec<&KeyBuf> = guards.iter().map(|g| &**g).collect();
-        Ok(KeyList::from_buf(
-            KeyBuf::gather_many(&sources, &which, &index).map_err(to_py)?,
-        ))
-    }
-
     /// A view of keys `start..end` that store calls accept without copying.
     fn view(slf: &Bound<'_, Self>, start: isize, end: isize) -> PyResult<KeyRange> {
         let len = slf.get().read()?.len();
