@@ -384,25 +384,28 @@ def key(group: int, chunk: int) -> bytes:
     return chunk.to_bytes(4, "big") + group.to_bytes(4, "big")
 
 
-def random_lookup_case(rng: random.Random) -> dict:
-    tpb = rng.choice([1, 2, 4, 8])
-    bpc = rng.randint(1, 3)
-    tpc = tpb * bpc
-    num_groups = rng.randint(1, 3)
-    kinds = ["full"] + [
-        rng.choice(["sliding", "sliding", "chunked_local", "full"]) for _ in range(num_groups - 1)
-    ]
+def random_groups(rng: random.Random, tpc: int) -> list[KVGroup]:
+    """1 to 3 groups, a full-attention one among them most of the time, in any order; windows
+    of a few chunks, so that hits inside a prompt of a few dozen chunks are common."""
+    choices = ["sliding", "sliding", "chunked_local", "full"]
+    kinds = ["full"] + [rng.choice(choices) for _ in range(rng.randint(0, 2))]
     if rng.random() < 0.15:
         kinds[0] = "sliding"  # no full-attention group at all
     rng.shuffle(kinds)
     groups = [random_group(rng, kind, tpc) for kind in kinds]
-    # Windows of a few chunks, so that hits inside a 0..25-chunk prompt are common.
-    groups = [
+    return [
         KVGroup(g.kind, min(g.window, rng.randint(1, 4 * tpc)), g.extra_retained_tokens, g.eagle)
         if g.kind != "full"
         else g
         for g in groups
     ]
+
+
+def random_lookup_case(rng: random.Random) -> dict:
+    tpb = rng.choice([1, 2, 4, 8])
+    bpc = rng.randint(1, 3)
+    tpc = tpb * bpc
+    groups = random_groups(rng, tpc)
     # The load window is wider than the lookup's only where the hit ends one token short of a
     # chunk-aligned prompt and window - 1 + extra_retained_tokens is a whole number of chunks.
     groups = [
@@ -423,7 +426,7 @@ def random_lookup_case(rng: random.Random) -> dict:
     # Often every chunk stored (a repeated prompt), so that the hit's right edge is the prompt's
     # unaligned end and a sliding group's first window is the wider load window.
     warm = rng.random() < 0.5
-    for gi in range(num_groups):
+    for gi in range(len(groups)):
         if warm and (groups[gi].kind == "full" or rng.random() < 0.5):
             status = [2] * num_chunks
             for _ in range(rng.choice([0, 0, 1, 2])):  # a few holes or keys being stored
@@ -538,18 +541,7 @@ def random_store_case(rng: random.Random) -> dict:
     tpb = rng.choice([1, 2, 4, 8])
     bpc = rng.randint(1, 3)
     tpc = tpb * bpc
-    choices = ["sliding", "sliding", "chunked_local", "full"]
-    kinds = ["full"] + [rng.choice(choices) for _ in range(rng.randint(0, 2))]
-    if rng.random() < 0.15:
-        kinds[0] = "sliding"
-    rng.shuffle(kinds)
-    groups = [random_group(rng, kind, tpc) for kind in kinds]
-    groups = [
-        KVGroup(g.kind, min(g.window, rng.randint(1, 4 * tpc)), g.extra_retained_tokens, g.eagle)
-        if g.kind != "full"
-        else g
-        for g in groups
-    ]
+    groups = random_groups(rng, tpc)
     interval = rng.choice([None, None, 0, tpc * rng.randint(1, 4)])
     num_prompt = rng.randint(1, 20 * tpc)
     num_tokens = num_prompt + (rng.randint(0, 6 * tpc) if rng.random() < 0.5 else 0)
