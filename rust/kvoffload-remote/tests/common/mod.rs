@@ -69,8 +69,15 @@ impl Server {
             password,
             args: extra.iter().map(|s| s.to_string()).collect(),
         };
-        s.spawn();
-        Some(s)
+        // A port free when asked may be taken by a parallel test's server before ours binds it.
+        for _ in 0..5 {
+            if s.try_spawn() {
+                return Some(s);
+            }
+            s.kill();
+            s.port = free_port();
+        }
+        panic!("redis-server did not start on 5 free ports");
     }
 
     pub fn sock(&self) -> PathBuf {
@@ -79,6 +86,16 @@ impl Server {
 
     /// Starts (again) on the same port and socket.
     pub fn spawn(&mut self) {
+        assert!(
+            self.try_spawn(),
+            "redis-server did not start on port {}",
+            self.port
+        );
+    }
+
+    /// Starts the server and waits until it answers; false if it exits first (its port taken)
+    /// or does not answer within 10 s.
+    fn try_spawn(&mut self) -> bool {
         let child = Command::new(REDIS)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
@@ -94,18 +111,52 @@ impl Server {
             .expect("spawn redis-server");
         self.child = Some(child);
         let start = Instant::now();
-        loop {
-            if let Ok(mut c) = self.try_raw() {
-                if matches!(c.cmd(&[b"PING"]), Reply::Simple(_)) {
-                    return;
-                }
+        while start.elapsed() < Duration::from_secs(10) {
+            if self.answers() {
+                return true;
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "redis-server did not start"
-            );
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| !matches!(c.try_wait(), Ok(None)));
+            if exited {
+                self.child = None;
+                return false;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        false
+    }
+
+    /// Whether the server on our port answers PING (after AUTH when it has a password). Any
+    /// I/O error is a "no": not listening yet, or a process leaving the port.
+    fn answers(&self) -> bool {
+        let Ok(stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        if stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .is_err()
+        {
+            return false;
+        }
+        let mut r = BufReader::new(stream);
+        let mut ask = |args: &[&[u8]]| {
+            let mut p = Pipeline::new();
+            p.command(args.len());
+            for a in args {
+                p.arg(a);
+            }
+            let mut line = Vec::new();
+            p.write_to(r.get_mut()).is_ok()
+                && matches!(resp::read_head(&mut r, &mut line), Ok(Head::Simple(_)))
+        };
+        if let Some(password) = &self.password {
+            if !ask(&[b"AUTH", password.as_bytes()]) {
+                return false;
+            }
+        }
+        ask(&[b"PING"])
     }
 
     pub fn url(&self) -> String {
