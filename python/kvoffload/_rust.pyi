@@ -22,6 +22,7 @@ __all__ = [
     "Store",
     "_colliding_keys",
     "are_block_ids",
+    "group_load",
     "group_offer",
     "group_ranges",
     "group_used_keys",
@@ -70,6 +71,9 @@ class KeyRange:
     def to_list(self) -> list[bytes]: ...
 
 _Keys = Iterable[bytes] | KeyList | KeyRange
+_Reach = tuple[int, int, int | None, Sequence[int]]
+_Offer = tuple[int, KeyList, list[int], int, _Reach | None]
+"""A group's store offer: `(group, keys, table, first_chunk, reach)` (`group_offer`)."""
 
 @final
 class Store:
@@ -97,16 +101,13 @@ class Store:
         positions: Sequence[int] | bytes | None = None,
         partial: bool = False,
     ) -> tuple[list[bytes] | KeyList, bytes, bytes, list[bytes]] | None: ...
-    def prepare_group_store(
+    def offer_group_store(
         self,
-        keys: KeyList,
-        groups: bytes,
-        chunks: bytes,
-        positions: bytes,
-        rank: int,
-        tables: Sequence[list[int]],
-        windowed: Sequence[bool],
+        offers: Sequence[_Offer],
         blocks_per_chunk: int,
+        num_groups: int,
+        rank: int,
+        windowed: Sequence[bool],
     ) -> tuple[
         list[list[int]], tuple[KeyList, bytes, bytes, bytes, list[int], list[int]] | None
     ]: ...
@@ -217,17 +218,22 @@ def loadable_tokens(
     window: tuple[int, int, int], hits: int, num_local_tokens: int, tokens_per_chunk: int
 ) -> int: ...
 def are_block_ids(values: object) -> bool: ...
-
-_Reach = tuple[int, int, int | None, Sequence[int]]
-
 def reachable_blocks(start: int, end: int, reach: _Reach) -> bytes | None: ...
 def group_offer(
-    offers: Sequence[tuple[int, KeyList, list[int], int, _Reach | None]],
+    offers: Sequence[_Offer],
     blocks_per_chunk: int,
     num_groups: int,
 ) -> tuple[KeyList, bytes, bytes, bytes]: ...
 def group_ranges(
     ranges: Sequence[tuple[int, KeyList, int, int]], num_groups: int
 ) -> tuple[KeyList, bytes, bytes, bytes]: ...
+def group_load(
+    keys: Sequence[KeyList],
+    tables: Sequence[list[int]],
+    first_block: int,
+    num_blocks: int,
+    end_chunk: int,
+    blocks_per_chunk: int,
+) -> tuple[KeyList, bytes, bytes, bytes, bytes, list[tuple[int, int, int, int]]]: ...
 def group_used_keys(groups: Sequence[tuple[KeyList, set[int]]]) -> KeyList: ...
 def _colliding_keys(n: int, bits: int = 12) -> list[bytes]: ...

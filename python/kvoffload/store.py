@@ -25,6 +25,12 @@ KeyList = _rust.KeyList
 KeyRange = _rust.KeyRange
 
 Keys = Iterable[bytes] | KeyList | KeyRange
+GroupOffer = tuple[
+    int, KeyList, list[int], int, "tuple[int, int, int | None, Sequence[int]] | None"
+]
+"""One group's store offer of a request: `(group, keys, table, first_chunk, reach)`, its keys
+and its blocks of chunks `first_chunk..` (whole chunks), `reach` a sliding-window group's
+(`HybridPlanner`)."""
 """A batch of keys, each 1..=MAX_KEY_LEN bytes: a `KeyList` or a view of one (read in place, the
 fastest), a list of `bytes`, or any iterable of `bytes`."""
 
@@ -56,7 +62,7 @@ class StorePlan(NamedTuple):
 
 
 class GroupStorePlan(NamedTuple):
-    """What `prepare_group_store` accepted: write `keys[i]` (chunk `chunks[i]` of its group) to
+    """What `offer_group_store` accepted: write `keys[i]` (chunk `chunks[i]` of its group) to
     `slots[i]` from GPU blocks `blocks[i * blocks_per_chunk : (i + 1) * blocks_per_chunk]`, then
     call `complete_store(keys)`. The keys are in group order, `counts[g]` of them group `g`'s;
     `window_blocks` are the live blocks of window groups among `blocks`."""
@@ -222,25 +228,22 @@ class CpuStore:
         to_write, indices, slots, evicted = out
         return StorePlan(to_write, _int64s(indices), _int64s(slots), evicted)
 
-    def prepare_group_store(
+    def offer_group_store(
         self,
-        keys: KeyList,
-        groups: bytes,
-        chunks: bytes,
-        positions: bytes,
+        offers: Sequence[GroupOffer],
         *,
         rank: int,
-        tables: list[list[int]],
+        num_groups: int,
         windowed: list[bool],
         blocks_per_chunk: int,
     ) -> tuple[list[list[int]], GroupStorePlan | None]:
-        """`prepare_store` of a hybrid model's offer (key `i` is chunk `chunks[i]` of group
-        `groups[i]`, at `positions[i]` of request `rank`; all int64 bytes), in one call with what
-        its job needs: each group's offered chunks that no other store is writing now (a use of
-        them, even when refused), and the plan, with the blocks of each key read from its group's
-        whole table in `tables`; `windowed` flags the window groups."""
-        used, out = self._inner.prepare_group_store(
-            keys, groups, chunks, positions, rank, tables, windowed, blocks_per_chunk
+        """`prepare_store` of a hybrid model's offer (`_rust.group_offer`'s chunks of `offers`,
+        ranked in request `rank`'s eviction order), in one call with what its job needs: each
+        group's offered chunks that no other store is writing now (a use of them, even when
+        refused), and the plan, with the blocks of each key read from its offer's table;
+        `windowed` flags the window groups."""
+        used, out = self._inner.offer_group_store(
+            offers, blocks_per_chunk, num_groups, rank, windowed
         )
         if out is None:
             return used, None

@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from kvoffload import _rust
 from kvoffload.scheduler.groups import KVGroup, cdiv, window_hits
-from kvoffload.store import CpuStore, KeyList, KeyStatus
+from kvoffload.store import CpuStore, GroupOffer, KeyList, KeyStatus
 
 NULL_BLOCK = 0
 IntArray = npt.NDArray[np.int64]
@@ -144,8 +144,12 @@ class HybridPlanner:
         return _key_batch(_rust.group_ranges(ranges, self.num_groups))
 
     def extend_keys(self, states: list[GroupState], block_hashes: Sequence[bytes]) -> None:
+        bpc = self.bpc
+        # Most steps complete no chunk (vLLM hashes a prompt's blocks up front): no call then.
+        chunks = len(block_hashes) // bpc if type(block_hashes) is list else None
         for index, state in enumerate(states):
-            state.keys.extend_chunk_keys(block_hashes, self.bpc, index)
+            if chunks is None or chunks > len(state.keys):
+                state.keys.extend_chunk_keys(block_hashes, bpc, index)
 
     # --- lookups ---------------------------------------------------------------------------------
 
@@ -268,47 +272,27 @@ class HybridPlanner:
     def plan_load(
         self,
         states: list[GroupState],
-        tables: Sequence[Sequence[int] | IntArray],
+        tables: list[list[int]],
         num_local: int,
         loadable: int,
     ) -> LoadPlan:
         """The load of `loadable` tokens past `num_local`: per group the blocks from its first
         non-null one past the local prefix (a window group allocates only its window) to the
-        hit's end. Raises ValueError when a table is too short."""
-        tpb, tpc, bpc = self.tpb, self.tpc, self.bpc
+        hit's end. Raises ValueError when a table is too short, or has a null block among the
+        blocks the load writes."""
         num_cached = num_local + loadable
-        num_blocks = cdiv(num_cached, tpb)
-        end_chunk = cdiv(num_cached, tpc)
-        first_fresh = cdiv(num_local, tpb)
-        picked: list[tuple[int, int, int]] = []
-        blocks: list[int] = []
-        parts: list[GroupSlice] = []
-        for gi, table in enumerate(tables):
-            if len(table) < num_blocks:
-                raise ValueError(
-                    f"block_ids of group {gi} has {len(table)} blocks; the load of {loadable} "
-                    f"tokens needs {num_blocks}"
-                )
-            # List methods, not numpy: a few per group, each at C speed.
-            fresh = list(table[first_fresh:num_blocks])
-            nulls = fresh.count(NULL_BLOCK)
-            if nulls == len(fresh):
-                continue
-            if NULL_BLOCK in fresh[nulls:]:
-                # The nulls are not all before the first live block.
-                start = first_fresh + next(i for i, b in enumerate(fresh) if b != NULL_BLOCK)
-                raise ValueError(
-                    f"block_ids of group {gi} has the null block (0) among the blocks "
-                    f"{start}..{num_blocks - 1} the load writes; allowed: null blocks only "
-                    "before a window"
-                )
-            start = first_fresh + nulls
-            first_chunk = start // bpc
-            picked.append((gi, first_chunk, end_chunk))
-            blocks.extend(fresh[nulls:])
-            parts.append(GroupSlice(gi, end_chunk - first_chunk, num_blocks - start, start % bpc))
-        gpu = np.array(blocks, dtype=np.int64) if blocks else _EMPTY
-        return LoadPlan(self.batch(states, picked), gpu, tuple(parts), end_chunk)
+        end_chunk = cdiv(num_cached, self.tpc)
+        keys, groups, chunks, positions, gpu, parts = _rust.group_load(
+            [state.keys for state in states],
+            tables,
+            cdiv(num_local, self.tpb),
+            cdiv(num_cached, self.tpb),
+            end_chunk,
+            self.bpc,
+        )
+        batch = _key_batch((keys, groups, chunks, positions))
+        slices = tuple(GroupSlice(*part) for part in parts)
+        return LoadPlan(batch, np.frombuffer(gpu, _INT64), slices, end_chunk)
 
     # --- stores ----------------------------------------------------------------------------------
 
@@ -329,11 +313,26 @@ class HybridPlanner:
         finished: bool,
         boundaries: Sequence[int],
     ) -> tuple[KeyBatch, list[int]]:
-        """The chunks to offer the store, and each group's storable end. A window group offers
-        only chunks with a block a later hit can reach, and none whose reachable blocks it has
-        already freed (null)."""
+        """The chunks to offer the store (`offers`, as one batch), and each group's storable
+        end."""
+        offers, ends = self.offers(states, offloadable, decoding, finished, boundaries)
+        if not offers:
+            return _NO_KEYS, ends
+        return _key_batch(_rust.group_offer(offers, self.bpc, self.num_groups)), ends
+
+    def offers(
+        self,
+        states: list[GroupState],
+        offloadable: int,
+        decoding: bool,
+        finished: bool,
+        boundaries: Sequence[int],
+    ) -> tuple[list[GroupOffer], list[int]]:
+        """Each group's store offer (`CpuStore.offer_group_store` picks its chunks), and each
+        group's storable end. A window group offers only chunks with a block a later hit can
+        reach, and none whose reachable blocks it has already freed (null)."""
         bpc = self.bpc
-        offers: list[tuple[int, KeyList, list[int], int, _Reach | None]] = []
+        offers: list[GroupOffer] = []
         ends: list[int] = []
         for gi, (group, state) in enumerate(zip(self.groups, states, strict=True)):
             n = self.storable(group, state, offloadable, decoding, finished)
@@ -343,9 +342,7 @@ class HybridPlanner:
                 continue
             table = state.block_ids[start * bpc : n * bpc]
             offers.append((gi, state.keys, table, start, self._reach(group, boundaries)))
-        if not offers:
-            return _NO_KEYS, ends
-        return _key_batch(_rust.group_offer(offers, bpc, self.num_groups)), ends
+        return offers, ends
 
     def reachable(
         self, group: KVGroup, start_block: int, end_block: int, boundaries: Sequence[int]

@@ -37,7 +37,6 @@ from kvoffload.scheduler.hybrid import (
     GroupSlice,
     GroupState,
     HybridPlanner,
-    KeyBatch,
 )
 from kvoffload.scheduler.jobs import (
     FinishPlan,
@@ -119,6 +118,8 @@ def _block_list(name: str, values: Sequence[int] | IntArray) -> list[int]:
 
 def _count(name: str, value: int) -> int:
     """`value` as a token count, or a ValueError naming `name`."""
+    if type(value) is int and value >= 0:
+        return value  # the usual answer, asked thousands of times a run
     if isinstance(value, bool) or not hasattr(value, "__index__") or operator.index(value) < 0:
         raise ValueError(f"{name}={value!r} is invalid: expected an int >= 0")
     return operator.index(value)
@@ -674,7 +675,9 @@ class OffloadScheduler:
             assert self.hybrid is not None
             self.hybrid.extend_keys(req.groups, block_hashes)
             return
-        req.keys.extend_chunk_keys(block_hashes, self.config.blocks_per_chunk, _GROUP_IDX)
+        bpc = self.config.blocks_per_chunk
+        if type(block_hashes) is not list or len(block_hashes) >= (len(req.keys) + 1) * bpc:
+            req.keys.extend_chunk_keys(block_hashes, bpc, _GROUP_IDX)
 
     def _track(
         self,
@@ -860,33 +863,26 @@ class OffloadScheduler:
             n = min(n, req.num_prompt_tokens)
         return n
 
-    def _offer(
-        self, req: _Request, computed: int, num_tokens: int, finished: bool, junction: int
-    ) -> tuple[KeyBatch, list[int]]:
-        assert self.hybrid is not None and req.groups is not None
-        offloadable = self._offloadable(req, computed, num_tokens)
-        boundaries = (req.num_prompt_tokens - 1,) + ((junction,) if junction else ())
-        decoding = offloadable > req.num_prompt_tokens
-        return self.hybrid.offer(req.groups, offloadable, decoding, finished, boundaries)
-
     def _store_groups(self, req: _Request, computed: int, junction: int) -> StoreJob | None:
         assert self.hybrid is not None and req.groups is not None
-        whole = self._offloadable(req, computed, req.num_tokens) // self.config.tokens_per_chunk
+        offloadable = self._offloadable(req, computed, req.num_tokens)
+        whole = offloadable // self.config.tokens_per_chunk
         if all(whole <= state.next_stored for state in req.groups):
             # No group has a new chunk to offer (most decode steps): the frontiers stay.
             return None
-        offer, ends = self._offer(req, computed, req.num_tokens, req.finishing, junction)
+        boundaries = (req.num_prompt_tokens - 1,) + ((junction,) if junction else ())
+        decoding = offloadable > req.num_prompt_tokens
+        offers, ends = self.hybrid.offers(
+            req.groups, offloadable, decoding, req.finishing, boundaries
+        )
         plan = None
         bpc = self.config.blocks_per_chunk
-        if len(offer.keys):
+        if offers:
             # A chunk another request is storing now is not a use of it (as in vLLM).
-            used, plan = self.store.prepare_group_store(
-                offer.keys,
-                offer.groups.tobytes(),
-                offer.chunks.tobytes(),
-                offer.positions,
+            used, plan = self.store.offer_group_store(
+                offers,
                 rank=self._rank(req),
-                tables=[state.block_ids for state in req.groups],
+                num_groups=self.hybrid.num_groups,
                 windowed=self.hybrid.window_mask,
                 blocks_per_chunk=bpc,
             )

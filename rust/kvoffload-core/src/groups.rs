@@ -38,7 +38,10 @@ pub fn offer_batch(
     blocks_per_chunk: usize,
     num_groups: u32,
 ) -> Result<GroupBatch> {
-    let mut batch = GroupBatch::default();
+    let most = offers
+        .iter()
+        .map(|o| o.table.len() / blocks_per_chunk.max(1));
+    let mut batch = GroupBatch::with_capacity(most.sum(), offers.first().map(|o| o.keys));
     for offer in offers {
         let chosen = offered_chunks(
             offer.table,
@@ -56,13 +59,65 @@ pub fn offer_batch(
 /// Chunks `first..end` of each `(group, keys, first, end)`, in that order, with their
 /// positions (`GroupBatch`); `num_groups` is the model's group count.
 pub fn range_batch(ranges: &[(u32, &KeyBuf, u64, u64)], num_groups: u32) -> Result<GroupBatch> {
-    let mut batch = GroupBatch::default();
+    let n = ranges
+        .iter()
+        .map(|r| r.3.saturating_sub(r.2) as usize)
+        .sum();
+    let mut batch = GroupBatch::with_capacity(n, ranges.first().map(|r| r.1));
     for &(group, keys, first, end) in ranges {
         for chunk in first..end {
             batch.push(group, keys, chunk, num_groups)?;
         }
     }
     Ok(batch)
+}
+
+/// One group's part of a load: chunks `first_chunk..` up to the load's end, written into
+/// `num_blocks` GPU blocks, the first of them block `skip_leading_blocks` of chunk
+/// `first_chunk`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadPart {
+    pub group: u32,
+    pub first_chunk: u64,
+    pub num_blocks: u64,
+    pub skip_leading_blocks: u64,
+}
+
+/// A load's part of each group whose blocks `first_block..` (`fresh[g]`, up to the load's last
+/// block) are not all the null block: from its first live block (a window group allocates only
+/// its window) on. A null block after a live one is refused: the load would write it.
+pub fn load_parts(
+    fresh: &[&[u64]],
+    first_block: u64,
+    blocks_per_chunk: u64,
+) -> Result<Vec<LoadPart>> {
+    let mut parts = Vec::with_capacity(fresh.len());
+    for (g, blocks) in fresh.iter().enumerate() {
+        let Some(nulls) = blocks.iter().position(|&b| b != NULL_BLOCK) else {
+            continue;
+        };
+        if let Some(i) = blocks[nulls..].iter().position(|&b| b == NULL_BLOCK) {
+            let end = first_block + blocks.len() as u64 - 1;
+            return Err(Error::InvalidArgument {
+                name: "block_ids",
+                value: format!(
+                    "<group {g} has the null block (0) at block {}, among the blocks {}..{end} \
+                     the load writes>",
+                    first_block + (nulls + i) as u64,
+                    first_block + nulls as u64,
+                ),
+                allowed: "null blocks only before a window",
+            });
+        }
+        let start = first_block + nulls as u64;
+        parts.push(LoadPart {
+            group: g as u32,
+            first_chunk: start / blocks_per_chunk,
+            num_blocks: (blocks.len() - nulls) as u64,
+            skip_leading_blocks: start % blocks_per_chunk,
+        });
+    }
+    Ok(parts)
 }
 
 /// The keys of each group's `chunks` (any order) by chunk, then group: the order vLLM refreshes
@@ -82,6 +137,17 @@ pub fn used_keys(groups: &[(&KeyBuf, &[u64])]) -> Result<KeyBuf> {
 }
 
 impl GroupBatch {
+    /// Room for `n` keys as long as the first of `keys`.
+    fn with_capacity(n: usize, keys: Option<&KeyBuf>) -> Self {
+        let key_len = keys.and_then(|k| k.get(0)).map_or(0, <[u8]>::len);
+        GroupBatch {
+            keys: KeyBuf::with_capacity(n, key_len),
+            groups: Vec::with_capacity(n),
+            chunks: Vec::with_capacity(n),
+            positions: Vec::with_capacity(n),
+        }
+    }
+
     fn push(&mut self, group: u32, keys: &KeyBuf, chunk: u64, num_groups: u32) -> Result<()> {
         let key = usize::try_from(chunk)
             .ok()
@@ -114,13 +180,14 @@ pub struct StoreBlocks {
 }
 
 /// The blocks of the offered keys at `indices` (a store plan's; key `i` is chunk `chunks[i]` of
-/// group `groups[i]`), read from each group's whole `tables` entry; `windowed` says which groups
-/// free blocks while their request runs.
+/// group `groups[i]`), read from each group's `tables` entry `(first_chunk, blocks)`: its blocks
+/// from chunk `first_chunk` on; `windowed` says which groups free blocks while their request
+/// runs.
 pub fn store_blocks(
     groups: &[u32],
     chunks: &[u64],
     indices: &[u32],
-    tables: &[&[u64]],
+    tables: &[(u64, &[u64])],
     windowed: &[bool],
     blocks_per_chunk: usize,
 ) -> Result<StoreBlocks> {
@@ -139,12 +206,14 @@ pub fn store_blocks(
             });
         };
         let g = g as usize;
-        let first = usize::try_from(chunk)
-            .unwrap_or(usize::MAX)
-            .saturating_mul(bpc);
         let blocks = tables
             .get(g)
-            .and_then(|t| t.get(first..first.saturating_add(bpc)))
+            .and_then(|&(first_chunk, t)| {
+                let first = usize::try_from(chunk.checked_sub(first_chunk)?)
+                    .ok()?
+                    .checked_mul(bpc)?;
+                t.get(first..first.checked_add(bpc)?)
+            })
             .ok_or_else(|| Error::InvalidArgument {
                 name: "tables",
                 value: format!("<chunk {chunk} of group {g}>"),
@@ -205,7 +274,7 @@ mod tests {
             &batch.groups,
             &batch.chunks,
             &[1, 3],
-            &[&[9, 5, 6, 0, 8], &[0, 0, 0, 7]],
+            &[(1, &[5, 6, 0, 8]), (1, &[0, 0, 7])],
             &[false, true],
             1,
         )
@@ -213,6 +282,11 @@ mod tests {
         assert_eq!(blocks.blocks, [6, 7]);
         assert_eq!(blocks.counts, [1, 1]);
         assert_eq!(blocks.window_blocks, [7]);
+        // Two blocks a chunk, a table from chunk 2: chunk 3 is its blocks 2 and 3.
+        let two = store_blocks(&[0], &[3], &[0], &[(2, &[1, 2, 3, 4])], &[true], 2).unwrap();
+        assert_eq!((two.blocks, two.window_blocks), (vec![3, 4], vec![3, 4]));
+        // A chunk before its group's table is refused.
+        assert!(store_blocks(&[0], &[1], &[0], &[(2, &[1, 2, 3, 4])], &[true], 2).is_err());
 
         // A chunk past the group's keys is refused, not read out of range.
         offers[1].keys = &full;
@@ -222,12 +296,12 @@ mod tests {
             &batch.groups,
             &batch.chunks,
             &[2],
-            &[&[1, 2], &[]],
+            &[(0, &[1, 2]), (0, &[])],
             &[false, true],
             1
         )
         .is_err());
-        assert!(store_blocks(&[0], &[0], &[1], &[&[1]], &[false], 1).is_err());
+        assert!(store_blocks(&[0], &[0], &[1], &[(0, &[1])], &[false], 1).is_err());
     }
 
     #[test]
@@ -237,6 +311,41 @@ mod tests {
         let want: Vec<Vec<u8>> = vec![vec![0, 0], vec![0, 1], vec![1, 1], vec![1, 2], vec![0, 3]];
         assert_eq!(got.to_vecs(), want);
         assert!(used_keys(&[(&window, &[4])]).is_err());
+    }
+
+    #[test]
+    fn a_load_starts_at_each_group_s_first_live_block() {
+        // Blocks 4..8 of three groups, two blocks a chunk: full, a window from block 6, nothing.
+        let parts = load_parts(&[&[5, 6, 7, 8], &[0, 0, 9, 10], &[0, 0, 0, 0]], 4, 2).unwrap();
+        assert_eq!(
+            parts,
+            [
+                LoadPart {
+                    group: 0,
+                    first_chunk: 2,
+                    num_blocks: 4,
+                    skip_leading_blocks: 0
+                },
+                LoadPart {
+                    group: 1,
+                    first_chunk: 3,
+                    num_blocks: 2,
+                    skip_leading_blocks: 0
+                },
+            ]
+        );
+        // A window from an odd block skips the first block of its chunk.
+        let odd = load_parts(&[&[0, 3, 4]], 5, 2).unwrap();
+        assert_eq!((odd[0].first_chunk, odd[0].skip_leading_blocks), (3, 0));
+        let odd = load_parts(&[&[0, 0, 4]], 5, 2).unwrap();
+        assert_eq!((odd[0].first_chunk, odd[0].skip_leading_blocks), (3, 1));
+        assert_eq!(odd[0].num_blocks, 1);
+        // A null block among the ones the load writes is refused, naming it.
+        let err = load_parts(&[&[1, 2], &[0, 3, 0, 4]], 4, 1).unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("group 1 has the null block (0) at block 6, among the blocks 5..7"));
+        assert!(load_parts(&[], 0, 1).unwrap().is_empty());
     }
 
     #[test]

@@ -106,8 +106,8 @@ impl KeyBuf {
 
     /// The keys at `indices` (relative to `offset`), in that order.
     pub fn gather(&self, offset: usize, indices: &[u32]) -> KeyBuf {
-        let mut out = KeyBuf::new();
-        out.ends.reserve(indices.len());
+        let key_len = self.get(0).map_or(0, <[u8]>::len);
+        let mut out = KeyBuf::with_capacity(indices.len(), key_len);
         for &i in indices {
             let key = self
                 .get(offset + i as usize)

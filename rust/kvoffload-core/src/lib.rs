@@ -25,7 +25,8 @@ pub use chunk::{
 pub use error::{Error, Result};
 pub use events::{Event, EventKind};
 pub use groups::{
-    offer_batch, range_batch, store_blocks, used_keys, GroupBatch, GroupOffer, StoreBlocks,
+    load_parts, offer_batch, range_batch, store_blocks, used_keys, GroupBatch, GroupOffer,
+    LoadPart, StoreBlocks,
 };
 pub use key::{validate_keys, MAX_KEY_LEN, OLD_PUBLIC_SEED};
 pub use keybuf::KeyBuf;

@@ -98,30 +98,21 @@ pub(crate) fn new_bytes<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py
 }
 
 pub(crate) fn int64_bytes<'py>(py: Python<'py>, values: &[u32]) -> PyResult<Bound<'py, PyBytes>> {
-    let raw: Vec<u8> = values
-        .iter()
-        .flat_map(|&v| i64::from(v).to_ne_bytes())
-        .collect();
-    new_bytes(py, &raw)
+    i64_bytes(py, values.iter().map(|&v| i64::from(v)))
 }
 
-/// Native-endian int64 values (numpy's `tobytes()`), each checked to fit a `u32`.
-pub(crate) fn int64s_as_u32(name: &str, raw: &[u8]) -> PyResult<Vec<u32>> {
-    if raw.len() % 8 != 0 {
-        return Err(PyValueError::new_err(format!(
-            "{name} has {} bytes: expected int64 values (a multiple of 8 bytes)",
-            raw.len()
-        )));
-    }
-    raw.chunks_exact(8)
-        .enumerate()
-        .map(|(i, b)| {
-            let v = i64::from_ne_bytes(b.try_into().expect("8 bytes"));
-            u32::try_from(v).map_err(|_| {
-                PyValueError::new_err(format!("{name}[{i}]={v} is invalid: expected 0..2**32"))
-            })
-        })
-        .collect()
+/// `values` as native-endian int64 bytes (what numpy's `frombuffer` reads), written straight
+/// into a new `bytes`: collecting them byte by byte cost more than the work that made them.
+pub(crate) fn i64_bytes<'py>(
+    py: Python<'py>,
+    values: impl ExactSizeIterator<Item = i64>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    PyBytes::new_with(py, values.len() * 8, |buf| {
+        for (dst, v) in buf.chunks_exact_mut(8).zip(values) {
+            dst.copy_from_slice(&v.to_ne_bytes());
+        }
+        Ok(())
+    })
 }
 
 pub(crate) fn bytes_list<'py, K: AsRef<[u8]>>(

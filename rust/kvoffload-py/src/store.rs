@@ -1,8 +1,8 @@
 //! `Store`: the CPU-tier block store, one core call per batch with the GIL released.
 
 use crate::errors::{to_py, KVOffloadError};
-use crate::ids::block_vec;
-use crate::keys::{bytes_list, int64_bytes, int64s_as_u32, new_bytes, KeyArg, KeyList};
+use crate::keys::{bytes_list, i64_bytes, int64_bytes, new_bytes, KeyArg, KeyList};
+use crate::window::{offered, Offer};
 use kvoffload_core::{
     store_blocks, Error, EventKind, KeyStatus, PolicyKind, Positions, RankedBatch,
 };
@@ -150,29 +150,26 @@ impl Store {
         answer.map(Some)
     }
 
-    /// A hybrid model's store of one request's offer (`group_offer`'s keys, groups, chunks and
-    /// positions, int64 bytes): `(used, plan)`, `used` each group's offered chunks that no other
-    /// store is writing now (a use of them); `plan` `None` when the store cannot take the keys
-    /// now, else `(keys_to_write, slots, chunks, blocks, counts, window_blocks)`: `slots`,
-    /// `chunks` and `blocks` (the GPU blocks each key is read from, by `tables`) int64 bytes,
+    /// A hybrid model's store of one request: the chunks `offers` offer (`group_offer`), planned
+    /// in one call: `(used, plan)`, `used` each group's offered chunks that no other store is
+    /// writing now (a use of them); `plan` `None` when the store cannot take the keys now, else
+    /// `(keys_to_write, slots, chunks, blocks, counts, window_blocks)`: `slots`, `chunks` and
+    /// `blocks` (the GPU blocks each key is read from, by its offer's table) int64 bytes,
     /// `counts` the keys per group, `window_blocks` the live blocks of `windowed` groups among
     /// `blocks`.
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-    fn prepare_group_store<'py>(
+    #[allow(clippy::type_complexity)]
+    fn offer_group_store<'py>(
         &self,
         py: Python<'py>,
-        keys: &Bound<'py, KeyList>,
-        groups: &Bound<'py, PyBytes>,
-        chunks: &Bound<'py, PyBytes>,
-        positions: &Bound<'py, PyAny>,
-        rank: u64,
-        tables: Vec<Bound<'py, PyList>>,
-        windowed: Vec<bool>,
+        offers: Vec<Offer<'py>>,
         blocks_per_chunk: usize,
+        num_groups: u32,
+        rank: u64,
+        windowed: Vec<bool>,
     ) -> PyResult<(
         Vec<Vec<u64>>,
         Option<(
-            Bound<'py, PyAny>,
+            KeyList,
             Bound<'py, PyBytes>,
             Bound<'py, PyBytes>,
             Bound<'py, PyBytes>,
@@ -180,50 +177,40 @@ impl Store {
             Vec<u64>,
         )>,
     )> {
-        let arg = KeyArg::extract(keys.as_any())?;
-        let groups = int64s_as_u32("groups", groups.as_bytes())?;
-        let chunks: Vec<u64> = int64s_as_u32("chunks", chunks.as_bytes())?
-            .into_iter()
-            .map(u64::from)
-            .collect();
-        let positions = extract_positions(positions)?;
-        let tables = tables
-            .iter()
-            .enumerate()
-            .map(|(g, t)| block_vec(t, &format!("tables[{g}]")))
-            .collect::<PyResult<Vec<_>>>()?;
-        let table_refs: Vec<&[u64]> = tables.iter().map(Vec::as_slice).collect();
-        let batch = Some(RankedBatch {
+        let (batch, tables) = offered(&offers, blocks_per_chunk, num_groups)?;
+        let table_refs: Vec<(u64, &[u64])> =
+            tables.iter().map(|(c, t)| (*c, t.as_slice())).collect();
+        let (groups, chunks) = (&batch.groups, &batch.chunks);
+        let ranked = Some(RankedBatch {
             rank,
-            positions: Positions::Each(&positions),
+            positions: Positions::Each(&batch.positions),
         });
-        let (used, plan) = self.with_keys(py, &arg, |s, k| {
-            let mut used = vec![Vec::new(); table_refs.len()];
-            for (i, status) in s.lookup(k)?.into_iter().enumerate() {
+        let (used, plan) = py.detach(|| -> PyResult<_> {
+            let k = batch.keys.slices(0, batch.keys.len());
+            let mut s = self.lock()?;
+            let mut used = vec![Vec::new(); tables.len()];
+            for (i, status) in s.lookup(&k).map_err(to_py)?.into_iter().enumerate() {
                 if status != KeyStatus::Pending {
-                    if let Some(group) = used.get_mut(groups[i] as usize) {
-                        group.push(chunks[i]);
-                    }
+                    used[groups[i] as usize].push(chunks[i]);
                 }
             }
-            let Some(plan) = s.prepare_store_ranked(k, batch, false)? else {
+            let Some(plan) = s.prepare_store_ranked(&k, ranked, false).map_err(to_py)? else {
                 return Ok((used, None));
             };
-            let blocks = store_blocks(
-                &groups,
-                &chunks,
+            match store_blocks(
+                groups,
+                chunks,
                 &plan.indices,
                 &table_refs,
                 &windowed,
                 blocks_per_chunk,
-            );
-            match blocks {
+            ) {
                 Ok(blocks) => Ok((used, Some((plan, blocks)))),
                 Err(err) => {
                     // Never handed out: the caller cannot complete these stores.
                     let new: Vec<&[u8]> = plan.indices.iter().map(|&i| k[i as usize]).collect();
-                    s.complete_store(&new, false)?;
-                    Err(err)
+                    s.complete_store(&new, false).map_err(to_py)?;
+                    Err(to_py(err))
                 }
             }
         })?;
@@ -231,34 +218,35 @@ impl Store {
             return Ok((used, None));
         };
         let answer = (|| -> PyResult<_> {
-            let planned: Vec<u8> = plan
-                .indices
-                .iter()
-                .flat_map(|&i| (chunks[i as usize] as i64).to_ne_bytes())
-                .collect();
-            let src: Vec<u8> = blocks
-                .blocks
-                .iter()
-                .flat_map(|&b| (b as i64).to_ne_bytes())
-                .collect();
             Ok((
-                arg.select(py, &plan.indices)?,
                 int64_bytes(py, &plan.slots)?,
-                new_bytes(py, &planned)?,
-                new_bytes(py, &src)?,
-                blocks.counts,
-                blocks.window_blocks,
+                i64_bytes(py, plan.indices.iter().map(|&i| chunks[i as usize] as i64))?,
+                i64_bytes(py, blocks.blocks.iter().map(|&b| b as i64))?,
             ))
         })();
         match answer {
-            Ok(answer) => Ok((used, Some(answer))),
+            Ok((slots, planned, src)) => Ok((
+                used,
+                Some((
+                    KeyList::from_buf(batch.keys.gather(0, &plan.indices)),
+                    slots,
+                    planned,
+                    src,
+                    blocks.counts,
+                    blocks.window_blocks,
+                )),
+            )),
             Err(err) => {
                 // As in `prepare_store`: undo the stores the caller will never complete.
-                let undone = self.with_keys(py, &arg, |s, k| {
-                    let new: Vec<&[u8]> = plan.indices.iter().map(|&i| k[i as usize]).collect();
-                    s.complete_store(&new, false)
-                });
-                if let Err(undo_err) = undone {
+                let new: Vec<&[u8]> = plan
+                    .indices
+                    .iter()
+                    .filter_map(|&i| batch.keys.get(i as usize))
+                    .collect();
+                if let Err(undo_err) = self
+                    .lock()
+                    .and_then(|mut s| s.complete_store(&new, false).map_err(to_py))
+                {
                     err.set_cause(py, Some(undo_err));
                 }
                 Err(err)

@@ -2,10 +2,10 @@
 //! `kvoffload_core::offer_batch`) and a load's chunk ranges.
 
 use crate::errors::to_py;
-use crate::ids::block_vec;
-use crate::keys::{new_bytes, KeyList};
+use crate::ids::{block_slice, block_vec};
+use crate::keys::{i64_bytes, new_bytes, KeyList};
 use kvoffload_core::{
-    offer_batch, range_batch, used_keys, GroupBatch, GroupOffer, KeyBuf, WindowReach,
+    load_parts, offer_batch, range_batch, used_keys, GroupBatch, GroupOffer, KeyBuf, WindowReach,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -45,7 +45,7 @@ pub fn reachable_blocks<'py>(
 }
 
 /// One group's part of `group_offer`'s offers.
-type Offer<'py> = (
+pub(crate) type Offer<'py> = (
     u32,
     Bound<'py, KeyList>,
     Bound<'py, PyList>,
@@ -71,8 +71,22 @@ pub fn group_offer<'py>(
     blocks_per_chunk: usize,
     num_groups: u32,
 ) -> PyResult<OfferBatch<'py>> {
-    let mut tables = Vec::with_capacity(offers.len());
-    for (group, _, table, _, _) in &offers {
+    let (batch, _) = offered(&offers, blocks_per_chunk, num_groups)?;
+    batch_answer(py, batch)
+}
+
+/// A group's offered blocks, from chunk `first_chunk` on: `(first_chunk, blocks)`.
+pub(crate) type OfferTable = (u64, Vec<u64>);
+
+/// The batch `offers` make (`group_offer`), and each group's `(first_chunk, table)` of them
+/// (empty for a group that offers nothing).
+pub(crate) fn offered(
+    offers: &[Offer<'_>],
+    blocks_per_chunk: usize,
+    num_groups: u32,
+) -> PyResult<(GroupBatch, Vec<OfferTable>)> {
+    let mut tables = vec![(0, Vec::new()); num_groups as usize];
+    for (group, _, table, first_chunk, _) in offers {
         if blocks_per_chunk == 0 || table.len() % blocks_per_chunk != 0 {
             return Err(PyValueError::new_err(format!(
                 "table of group {group} has {} blocks, blocks_per_chunk={blocks_per_chunk}: \
@@ -80,7 +94,12 @@ pub fn group_offer<'py>(
                 table.len()
             )));
         }
-        tables.push(block_vec(table, "table")?);
+        let slot = tables.get_mut(*group as usize).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "group={group} is invalid: the model has {num_groups} groups"
+            ))
+        })?;
+        *slot = (*first_chunk, block_vec(table, "table")?);
     }
     let guards = offers
         .iter()
@@ -89,20 +108,18 @@ pub fn group_offer<'py>(
     let parts: Vec<GroupOffer<'_>> = offers
         .iter()
         .zip(&guards)
-        .zip(&tables)
-        .map(
-            |(((group, _, _, first_chunk, reach), keys), table)| GroupOffer {
-                group: *group,
-                keys,
-                table,
-                first_chunk: *first_chunk,
-                reach: reach.as_ref().map(window_reach),
-            },
-        )
+        .map(|((group, _, _, first_chunk, reach), keys)| GroupOffer {
+            group: *group,
+            keys,
+            table: &tables[*group as usize].1,
+            first_chunk: *first_chunk,
+            reach: reach.as_ref().map(window_reach),
+        })
         .collect();
     let batch = offer_batch(&parts, blocks_per_chunk, num_groups).map_err(to_py)?;
+    drop(parts);
     drop(guards);
-    batch_answer(py, batch)
+    Ok((batch, tables))
 }
 
 /// Chunks `first..end` of each `(group, keys, first, end)`, as `kvoffload_core::range_batch`
@@ -127,6 +144,100 @@ pub fn group_ranges<'py>(
     batch_answer(py, batch)
 }
 
+/// What `group_load` answers: `group_ranges`'s batch, then the GPU blocks the load writes
+/// (int64 bytes) and each loading group's `(group, num_slots, num_blocks, skip_leading_blocks)`.
+type LoadAnswer<'py> = (
+    KeyList,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Vec<(u32, u64, u64, u64)>,
+);
+
+/// A hybrid model's load of GPU blocks `first_block..num_blocks` (of each group's table in
+/// `tables`, with its chunk keys in `keys`) up to chunk `end_chunk`: each group from its first
+/// live block (`kvoffload_core::load_parts`), its keys gathered as `group_ranges` does.
+#[pyfunction]
+pub fn group_load<'py>(
+    py: Python<'py>,
+    keys: Vec<Bound<'py, KeyList>>,
+    tables: Vec<Bound<'py, PyList>>,
+    first_block: usize,
+    num_blocks: usize,
+    end_chunk: u64,
+    blocks_per_chunk: u64,
+) -> PyResult<LoadAnswer<'py>> {
+    if keys.len() != tables.len() || blocks_per_chunk == 0 || first_block > num_blocks {
+        return Err(PyValueError::new_err(format!(
+            "group_load of {} key lists, {} tables, blocks {first_block}..{num_blocks}, \
+             blocks_per_chunk={blocks_per_chunk} is invalid: one table per key list, a block \
+             range, blocks_per_chunk >= 1",
+            keys.len(),
+            tables.len()
+        )));
+    }
+    let mut fresh = Vec::with_capacity(tables.len());
+    for (g, table) in tables.iter().enumerate() {
+        if table.len() < num_blocks {
+            return Err(PyValueError::new_err(format!(
+                "block_ids of group {g} has {} blocks; the load needs {num_blocks}",
+                table.len()
+            )));
+        }
+        fresh.push(block_slice(
+            table,
+            first_block,
+            num_blocks,
+            &format!("block_ids[{g}]"),
+        )?);
+    }
+    let fresh_refs: Vec<&[u64]> = fresh.iter().map(Vec::as_slice).collect();
+    let parts = load_parts(&fresh_refs, first_block as u64, blocks_per_chunk).map_err(to_py)?;
+    let guards = keys
+        .iter()
+        .map(|k| k.get().read())
+        .collect::<PyResult<Vec<_>>>()?;
+    let ranges: Vec<(u32, &KeyBuf, u64, u64)> = parts
+        .iter()
+        .map(|p| {
+            (
+                p.group,
+                &*guards[p.group as usize],
+                p.first_chunk,
+                end_chunk,
+            )
+        })
+        .collect();
+    let batch = range_batch(&ranges, keys.len() as u32).map_err(to_py)?;
+    drop(ranges);
+    drop(guards);
+    let gpu: Vec<i64> = parts
+        .iter()
+        .flat_map(|p| {
+            let blocks = &fresh[p.group as usize];
+            blocks[blocks.len() - p.num_blocks as usize..].iter()
+        })
+        .map(|&b| b as i64)
+        .collect();
+    let (keys, groups, chunks, positions) = batch_answer(py, batch)?;
+    let parts = parts
+        .iter()
+        .map(|p| {
+            let slots = end_chunk.saturating_sub(p.first_chunk);
+            (p.group, slots, p.num_blocks, p.skip_leading_blocks)
+        })
+        .collect();
+    Ok((
+        keys,
+        groups,
+        chunks,
+        positions,
+        i64_bytes(py, gpu.into_iter())?,
+        parts,
+    ))
+}
+
 /// The keys of each `(keys, chunks)` group's chunks (a set of ints), by chunk, then group (see
 /// `kvoffload_core::used_keys`).
 #[pyfunction]
@@ -149,25 +260,10 @@ pub fn group_used_keys(groups: Vec<(Bound<'_, KeyList>, Bound<'_, PySet>)>) -> P
 }
 
 fn batch_answer(py: Python<'_>, batch: GroupBatch) -> PyResult<OfferBatch<'_>> {
-    let groups: Vec<u8> = batch
-        .groups
-        .iter()
-        .flat_map(|&g| i64::from(g).to_ne_bytes())
-        .collect();
-    let chunks: Vec<u8> = batch
-        .chunks
-        .iter()
-        .flat_map(|&c| (c as i64).to_ne_bytes())
-        .collect();
-    let positions: Vec<u8> = batch
-        .positions
-        .iter()
-        .flat_map(|p| p.to_ne_bytes())
-        .collect();
     Ok((
         KeyList::from_buf(batch.keys),
-        new_bytes(py, &groups)?,
-        new_bytes(py, &chunks)?,
-        new_bytes(py, &positions)?,
+        i64_bytes(py, batch.groups.iter().map(|&g| i64::from(g)))?,
+        i64_bytes(py, batch.chunks.iter().map(|&c| c as i64))?,
+        i64_bytes(py, batch.positions.into_iter())?,
     ))
 }
