@@ -236,22 +236,23 @@ class CpuStore:
         num_groups: int,
         windowed: list[bool],
         blocks_per_chunk: int,
-    ) -> tuple[list[list[int]], GroupStorePlan | None]:
+        used: list[bytearray],
+    ) -> GroupStorePlan | None:
         """`prepare_store` of a hybrid model's offer (`_rust.group_offer`'s chunks of `offers`,
-        ranked in request `rank`'s eviction order), in one call with what its job needs: each
-        group's offered chunks that no other store is writing now (a use of them, even when
-        refused), and the plan, with the blocks of each key read from its offer's table;
-        `windowed` flags the window groups."""
-        used, out = self._inner.offer_group_store(
-            offers, blocks_per_chunk, num_groups, rank, windowed
+        ranked in request `rank`'s eviction order), in one call with what its job needs: the
+        plan, with the blocks of each key read from its offer's table (`None`: the store cannot
+        take the keys now). Each group's offered chunks that no other store is writing now are a
+        use of them, even when refused: flagged in its `used` (one byte per chunk, grown as
+        needed). `windowed` flags the window groups."""
+        out = self._inner.offer_group_store(
+            offers, blocks_per_chunk, num_groups, rank, windowed, used
         )
         if out is None:
-            return used, None
+            return None
         to_write, slots, planned, blocks, counts, window_blocks = out
-        plan = GroupStorePlan(
+        return GroupStorePlan(
             to_write, _int64s(slots), _int64s(planned), _int64s(blocks), counts, window_blocks
         )
-        return used, plan
 
     def complete_store(self, keys: Keys, success: bool = True) -> None:
         """Ends the stores of `keys` (all pending): ready on success; on failure they are removed
@@ -305,6 +306,13 @@ class CpuStore:
         only when it is really used again (a load hit), not when the request that stored it
         refreshes its prefix order."""
         self._inner.touch(keys, reuse)
+
+    def touch_group_used(
+        self, groups: Sequence[tuple[KeyList, bytearray]], *, reuse: bool = True
+    ) -> None:
+        """`touch` of the keys each `(keys, used)` group flags used (`offer_group_store`), by
+        chunk, then group: how vLLM refreshes a finished request's keys."""
+        self._inner.touch_group_used(groups, reuse)
 
     def reset(self) -> None:
         """Drops every ready, unpinned key; pending and pinned keys miss from now on and leave

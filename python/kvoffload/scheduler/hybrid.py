@@ -43,9 +43,16 @@ class GroupState:
     block_ids: list[int] = field(default_factory=list)
     next_stored: int = 0
     """Chunks below it were offered to the store (or loaded, or skipped as unreachable)."""
-    used: set[int] = field(default_factory=set)
-    """Chunks whose key the request offered (not while another request stored it) or loaded:
-    the keys it refreshes when it finishes, as vLLM's manager records them."""
+    used: bytearray = field(default_factory=bytearray)
+    """One flag per chunk (from chunk 0; past its end: 0): whether the request offered its key
+    (not while another request stored it) or loaded it: the keys it refreshes when it finishes,
+    as vLLM's manager records them."""
+
+    def mark_used(self, first: int, end: int) -> None:
+        """Flags chunks `first..end` as used."""
+        if len(self.used) < end:
+            self.used.extend(bytes(end - len(self.used)))
+        self.used[first:end] = b"\x01" * (end - first)
 
 
 @dataclass(frozen=True)

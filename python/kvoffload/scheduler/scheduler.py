@@ -521,7 +521,9 @@ class OffloadScheduler:
             if req.groups is None:
                 self.store.touch(req.keys.view(0, req.stored_chunks), reuse=False)
             else:
-                self.store.touch(self._used_keys(req), reuse=False)
+                self.store.touch_group_used(
+                    [(state.keys, state.used) for state in req.groups], reuse=False
+                )
             req.finished = True
             if self.shared_tier is not None:
                 self.shared_tier.finish_request(req.request_id)
@@ -619,7 +621,7 @@ class OffloadScheduler:
                     frontier = min(state.next_stored * bpc, len(state.block_ids))
                     state.block_ids[:frontier] = [NULL_BLOCK] * frontier
                 state.next_stored = 0
-                state.used = set()
+                state.used = bytearray()
 
     def is_loading(self, request_id: str) -> bool:
         """Whether a load of the request is in flight (it is waiting for its KV)."""
@@ -833,9 +835,7 @@ class OffloadScheduler:
         self._set_tables(req, tables)
         req.planned_load = None
         for part in plan.parts:
-            req.groups[part.group].used.update(
-                range(plan.end_chunk - part.num_slots, plan.end_chunk)
-            )
+            req.groups[part.group].mark_used(plan.end_chunk - part.num_slots, plan.end_chunk)
         for state in req.groups:
             state.next_stored = max(state.next_stored, plan.end_chunk)
         job_id = self._track("load", req, batch.keys, plan.gpu_block_ids)
@@ -879,15 +879,14 @@ class OffloadScheduler:
         bpc = self.config.blocks_per_chunk
         if offers:
             # A chunk another request is storing now is not a use of it (as in vLLM).
-            used, plan = self.store.offer_group_store(
+            plan = self.store.offer_group_store(
                 offers,
                 rank=self._rank(req),
                 num_groups=self.hybrid.num_groups,
                 windowed=self.hybrid.window_mask,
                 blocks_per_chunk=bpc,
+                used=[state.used for state in req.groups],
             )
-            for state, chunks in zip(req.groups, used, strict=True):
-                state.used.update(chunks)
             if plan is None:
                 # The frontier stays: the same chunks are offered again next step.
                 self._stats.store_refusals += 1
@@ -943,7 +942,8 @@ class OffloadScheduler:
         if batch is None:
             return None
         if int(self.store.lookup(batch.keys)[0]) != _PENDING:
-            req.groups[group].used.update(batch.chunks.tolist())
+            chunk = int(batch.chunks[0])
+            req.groups[group].mark_used(chunk, chunk + 1)
         plan = self.store.prepare_store(batch.keys, rank=self._rank(req), positions=batch.positions)
         if plan is None:
             # A hand-off is offered once: vLLM gives it up too.
@@ -958,12 +958,6 @@ class OffloadScheduler:
         self._stats.store_jobs += 1
         part = GroupSlice(group, 1, 1, self.config.blocks_per_chunk - 1)
         return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, batch.chunks, (part,))
-
-    def _used_keys(self, req: _Request) -> KeyList:
-        """The keys the request used, head to tail (by chunk, then group), as vLLM refreshes
-        them when a request finishes."""
-        assert self.hybrid is not None and req.groups is not None
-        return _rust.group_used_keys([(state.keys, state.used) for state in req.groups])
 
     def _plan_reallocation(self, realloc: set[int]) -> list[int]:
         """The stores in flight reading a window block handed out again (wait for them), and

@@ -120,20 +120,24 @@ pub fn load_parts(
     Ok(parts)
 }
 
-/// The keys of each group's `chunks` (any order) by chunk, then group: the order vLLM refreshes
-/// a finished request's keys in.
-pub fn used_keys(groups: &[(&KeyBuf, &[u64])]) -> Result<KeyBuf> {
-    let mut order: Vec<(u64, u32)> = groups
-        .iter()
-        .enumerate()
-        .flat_map(|(g, (_, chunks))| chunks.iter().map(move |&c| (c, g as u32)))
-        .collect();
-    order.sort_unstable();
-    let mut batch = GroupBatch::default();
-    for (chunk, g) in order {
-        batch.push(g, groups[g as usize].0, chunk, groups.len() as u32)?;
+/// The keys of the chunks each group's `used` flags (one byte per chunk from chunk 0, nonzero:
+/// used; chunks past its end are not), by chunk, then group: the order vLLM refreshes a
+/// finished request's keys in.
+pub fn used_keys<'a>(groups: &[(&'a KeyBuf, &[u8])]) -> Result<Vec<&'a [u8]>> {
+    let chunks = groups.iter().map(|(_, used)| used.len()).max().unwrap_or(0);
+    let mut keys = Vec::with_capacity(groups.iter().map(|(k, _)| k.len()).sum());
+    for chunk in 0..chunks {
+        for (g, (buf, used)) in groups.iter().enumerate() {
+            if used.get(chunk).is_some_and(|&u| u != 0) {
+                keys.push(buf.get(chunk).ok_or_else(|| Error::InvalidArgument {
+                    name: "used",
+                    value: format!("<chunk {chunk} of group {g}>"),
+                    allowed: "chunks the group has keys for",
+                })?);
+            }
+        }
     }
-    Ok(batch.keys)
+    Ok(keys)
 }
 
 impl GroupBatch {
@@ -307,10 +311,12 @@ mod tests {
     #[test]
     fn used_keys_go_by_chunk_then_group() {
         let (full, window) = (keys(0, 5), keys(1, 4));
-        let got = used_keys(&[(&full, &[3, 0, 1]), (&window, &[1, 2])]).unwrap();
-        let want: Vec<Vec<u8>> = vec![vec![0, 0], vec![0, 1], vec![1, 1], vec![1, 2], vec![0, 3]];
-        assert_eq!(got.to_vecs(), want);
-        assert!(used_keys(&[(&window, &[4])]).is_err());
+        let got = used_keys(&[(&full, &[1, 1, 0, 1]), (&window, &[0, 1, 1])]).unwrap();
+        let want: Vec<&[u8]> = vec![&[0, 0], &[0, 1], &[1, 1], &[1, 2], &[0, 3]];
+        assert_eq!(got, want);
+        assert!(used_keys(&[(&window, &[0, 0, 0, 0, 1])]).is_err());
+        // A flag past the group's keys that is not set is no use of it.
+        assert_eq!(used_keys(&[(&window, &[0, 0, 0, 0, 0])]).unwrap().len(), 0);
     }
 
     #[test]

@@ -4,11 +4,12 @@ use crate::errors::{to_py, KVOffloadError};
 use crate::keys::{bytes_list, i64_bytes, int64_bytes, new_bytes, KeyArg, KeyList};
 use crate::window::{offered, Offer};
 use kvoffload_core::{
-    store_blocks, Error, EventKind, KeyStatus, PolicyKind, Positions, RankedBatch,
+    store_blocks, used_keys, Error, EventKind, KeyBuf, KeyStatus, PolicyKind, Positions,
+    RankedBatch,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList};
 use std::sync::{Mutex, MutexGuard};
 
 /// The CPU-tier block store. Thread-safe: every call takes an internal lock, with the GIL released
@@ -151,12 +152,12 @@ impl Store {
     }
 
     /// A hybrid model's store of one request: the chunks `offers` offer (`group_offer`), planned
-    /// in one call: `(used, plan)`, `used` each group's offered chunks that no other store is
-    /// writing now (a use of them); `plan` `None` when the store cannot take the keys now, else
-    /// `(keys_to_write, slots, chunks, blocks, counts, window_blocks)`: `slots`, `chunks` and
-    /// `blocks` (the GPU blocks each key is read from, by its offer's table) int64 bytes,
-    /// `counts` the keys per group, `window_blocks` the live blocks of `windowed` groups among
-    /// `blocks`.
+    /// in one call. Each group's offered chunks that no other store is writing now are a use of
+    /// them, flagged in its `used` (one byte per chunk, grown as needed). `None` when the store
+    /// cannot take the keys now, else `(keys_to_write, slots, chunks, blocks, counts,
+    /// window_blocks)`: `slots`, `chunks` and `blocks` (the GPU blocks each key is read from, by
+    /// its offer's table) int64 bytes, `counts` the keys per group, `window_blocks` the live
+    /// blocks of `windowed` groups among `blocks`.
     #[allow(clippy::type_complexity)]
     fn offer_group_store<'py>(
         &self,
@@ -166,8 +167,8 @@ impl Store {
         num_groups: u32,
         rank: u64,
         windowed: Vec<bool>,
-    ) -> PyResult<(
-        Vec<Vec<u64>>,
+        used: Vec<Bound<'py, PyByteArray>>,
+    ) -> PyResult<
         Option<(
             KeyList,
             Bound<'py, PyBytes>,
@@ -176,7 +177,13 @@ impl Store {
             Vec<u32>,
             Vec<u64>,
         )>,
-    )> {
+    > {
+        if used.len() != num_groups as usize {
+            return Err(PyValueError::new_err(format!(
+                "used has {} flag arrays: expected one per group ({num_groups})",
+                used.len()
+            )));
+        }
         let (batch, tables) = offered(&offers, blocks_per_chunk, num_groups)?;
         let table_refs: Vec<(u64, &[u64])> =
             tables.iter().map(|(c, t)| (*c, t.as_slice())).collect();
@@ -185,7 +192,7 @@ impl Store {
             rank,
             positions: Positions::Each(&batch.positions),
         });
-        let (used, plan) = py.detach(|| -> PyResult<_> {
+        let (used_chunks, plan) = py.detach(|| -> PyResult<_> {
             let k = batch.keys.slices(0, batch.keys.len());
             let mut s = self.lock()?;
             let mut used = vec![Vec::new(); tables.len()];
@@ -214,8 +221,11 @@ impl Store {
                 }
             }
         })?;
+        for (flags, chunks) in used.iter().zip(&used_chunks) {
+            mark_used(flags, chunks)?;
+        }
         let Some((plan, blocks)) = plan else {
-            return Ok((used, None));
+            return Ok(None);
         };
         let answer = (|| -> PyResult<_> {
             Ok((
@@ -225,17 +235,14 @@ impl Store {
             ))
         })();
         match answer {
-            Ok((slots, planned, src)) => Ok((
-                used,
-                Some((
-                    KeyList::from_buf(batch.keys.gather(0, &plan.indices)),
-                    slots,
-                    planned,
-                    src,
-                    blocks.counts,
-                    blocks.window_blocks,
-                )),
-            )),
+            Ok((slots, planned, src)) => Ok(Some((
+                KeyList::from_buf(batch.keys.gather(0, &plan.indices)),
+                slots,
+                planned,
+                src,
+                blocks.counts,
+                blocks.window_blocks,
+            ))),
             Err(err) => {
                 // As in `prepare_store`: undo the stores the caller will never complete.
                 let new: Vec<&[u8]> = plan
@@ -321,6 +328,29 @@ impl Store {
 
     fn release_write(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.release_write(k))
+    }
+
+    /// `touch` of the keys each group's `used` flags (see `offer_group_store`), by chunk, then
+    /// group: how vLLM refreshes a finished request's keys.
+    #[pyo3(signature = (groups, reuse = true))]
+    fn touch_group_used(
+        &self,
+        py: Python<'_>,
+        groups: Vec<(Bound<'_, KeyList>, Bound<'_, PyByteArray>)>,
+        reuse: bool,
+    ) -> PyResult<()> {
+        let flags: Vec<Vec<u8>> = groups.iter().map(|(_, used)| used.to_vec()).collect();
+        let guards = groups
+            .iter()
+            .map(|(keys, _)| keys.get().read())
+            .collect::<PyResult<Vec<_>>>()?;
+        let parts: Vec<(&KeyBuf, &[u8])> = guards
+            .iter()
+            .zip(&flags)
+            .map(|(keys, used)| (&**keys, used.as_slice()))
+            .collect();
+        let keys = used_keys(&parts).map_err(to_py)?;
+        py.detach(|| self.lock()?.touch(&keys, reuse).map_err(to_py))
     }
 
     #[pyo3(signature = (keys, reuse = true))]
@@ -410,4 +440,25 @@ fn ranked(rank: Option<u64>, first_position: i64, each: Option<&[i64]>) -> Optio
         rank,
         positions: each.map_or(Positions::From(first_position), Positions::Each),
     })
+}
+
+/// Flags `chunks` in `used` (one byte per chunk), growing it to hold them.
+fn mark_used(used: &Bound<'_, PyByteArray>, chunks: &[u64]) -> PyResult<()> {
+    let Some(&last) = chunks.iter().max() else {
+        return Ok(());
+    };
+    let need = usize::try_from(last).map_or(usize::MAX, |c| c.saturating_add(1));
+    let had = used.len();
+    if had < need {
+        used.resize(need)?;
+    }
+    // SAFETY: the GIL is held and no Python code runs while the bytes are written, so nothing
+    // else can resize or read the array meanwhile; every index is below its length.
+    let flags = unsafe { used.as_bytes_mut() };
+    // Grown bytes are not zeroed by CPython.
+    flags[had.min(need)..].fill(0);
+    for &c in chunks {
+        flags[c as usize] = 1;
+    }
+    Ok(())
 }

@@ -5,11 +5,11 @@ use crate::errors::to_py;
 use crate::ids::{block_slice, block_vec};
 use crate::keys::{i64_bytes, new_bytes, KeyList};
 use kvoffload_core::{
-    load_parts, offer_batch, range_batch, used_keys, GroupBatch, GroupOffer, KeyBuf, WindowReach,
+    load_parts, offer_batch, range_batch, GroupBatch, GroupOffer, KeyBuf, WindowReach,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PySet};
+use pyo3::types::{PyBytes, PyList};
 
 /// `(need, shift, segment, tail_ends)` of `WindowReach`.
 type Reach = (u64, u64, Option<u64>, Vec<i64>);
@@ -236,27 +236,6 @@ pub fn group_load<'py>(
         i64_bytes(py, gpu.into_iter())?,
         parts,
     ))
-}
-
-/// The keys of each `(keys, chunks)` group's chunks (a set of ints), by chunk, then group (see
-/// `kvoffload_core::used_keys`).
-#[pyfunction]
-pub fn group_used_keys(groups: Vec<(Bound<'_, KeyList>, Bound<'_, PySet>)>) -> PyResult<KeyList> {
-    let chunks = groups
-        .iter()
-        .map(|(_, set)| set.iter().map(|c| c.extract::<u64>()).collect())
-        .collect::<PyResult<Vec<Vec<u64>>>>()?;
-    let guards = groups
-        .iter()
-        .map(|(keys, _)| keys.get().read())
-        .collect::<PyResult<Vec<_>>>()?;
-    let parts: Vec<(&KeyBuf, &[u64])> = groups
-        .iter()
-        .zip(&guards)
-        .zip(&chunks)
-        .map(|((_, keys), chunks)| (&**keys, chunks.as_slice()))
-        .collect();
-    Ok(KeyList::from_buf(used_keys(&parts).map_err(to_py)?))
 }
 
 fn batch_answer(py: Python<'_>, batch: GroupBatch) -> PyResult<OfferBatch<'_>> {
