@@ -158,7 +158,7 @@ impl Store {
     /// window_blocks)`: `slots`, `chunks` and `blocks` (the GPU blocks each key is read from, by
     /// its offer's table) int64 bytes, `counts` the keys per group, `window_blocks` the live
     /// blocks of `windowed` groups among `blocks`.
-    #[allow(clippy::type_complexity)]
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn offer_group_store<'py>(
         &self,
         py: Python<'py>,
