@@ -25,11 +25,10 @@ import numpy.typing as npt
 
 from kvoffload import _rust
 from kvoffload.scheduler.groups import KVGroup, cdiv, window_hits
-from kvoffload.store import CpuStore, GroupOffer, KeyList, KeyStatus
+from kvoffload.store import CpuStore, GroupOffer, KeyList
 
 NULL_BLOCK = 0
 IntArray = npt.NDArray[np.int64]
-_READY = int(KeyStatus.READY)
 _INT64 = np.dtype(np.int64)  # an instance: np.frombuffer resolves a class on every call
 _Reach = tuple[int, int, int | None, list[int]]
 """`(need, shift, segment, tail_ends)` of a sliding-window group (`_rust.reachable_blocks`)."""
@@ -253,10 +252,11 @@ class HybridPlanner:
     ) -> int | None:
         """`window_hits` over keys `start..end`, asking only the last `first` when all are ready
         (the usual answer)."""
-        if end - start >= first:
-            tail = store.lookup(state.keys.view(end - first, end))
-            if (tail == _READY).all():
-                return end - start
+        if (
+            end - start >= first
+            and store.lookup_prefix(state.keys.view(end - first, end))[0] == first
+        ):
+            return end - start
         return window_hits(store.lookup(state.keys.view(start, end)), window, first)
 
     def _any_being_loaded(

@@ -458,6 +458,29 @@ impl Store {
         batch: Option<RankedBatch<'_>>,
         partial: bool,
     ) -> Result<Option<StorePlan>> {
+        self.prepare_store_scanned(keys, batch, partial, None)
+    }
+
+    /// `lookup` then `prepare_store_ranked` of the same keys, each hashed and found once: every
+    /// key's status before the store (counted as `lookup` counts it), and the plan.
+    pub fn lookup_and_prepare_store_ranked<K: AsRef<[u8]>>(
+        &mut self,
+        keys: &[K],
+        batch: Option<RankedBatch<'_>>,
+        partial: bool,
+    ) -> Result<(Vec<KeyStatus>, Option<StorePlan>)> {
+        let mut statuses = Vec::new();
+        let plan = self.prepare_store_scanned(keys, batch, partial, Some(&mut statuses))?;
+        Ok((statuses, plan))
+    }
+
+    fn prepare_store_scanned<K: AsRef<[u8]>>(
+        &mut self,
+        keys: &[K],
+        batch: Option<RankedBatch<'_>>,
+        partial: bool,
+        mut statuses: Option<&mut Vec<KeyStatus>>,
+    ) -> Result<Option<StorePlan>> {
         validate_keys(keys)?;
         RankedBatch::check(batch, keys.len())?;
         let oom = |what| Error::OutOfMemory {
@@ -468,10 +491,24 @@ impl Store {
         found
             .try_reserve_exact(keys.len())
             .map_err(|_| oom("the batch's lookups"))?;
+        if let Some(out) = statuses.as_deref_mut() {
+            out.try_reserve_exact(keys.len())
+                .map_err(|_| oom("the batch's statuses"))?;
+        }
         self.scan(keys, |_, hash, slot| {
             found.push((hash, slot));
+            if let Some(out) = statuses.as_deref_mut() {
+                out.push(self.status_at(slot));
+            }
             true
         });
+        for status in statuses.as_deref().map_or(&[][..], Vec::as_slice) {
+            match status {
+                KeyStatus::Ready => self.stats.hits += 1,
+                KeyStatus::Absent => self.stats.misses += 1,
+                KeyStatus::Pending => {}
+            }
+        }
         // First pass, changing nothing: the new keys (each once), the resident ones.
         let mut new: Vec<(u32, u64)> = Vec::new();
         new.try_reserve_exact(keys.len())

@@ -565,3 +565,52 @@ fn the_usable_count_only_grows_up_to_the_slots() {
     store(&mut s, &[1]);
     assert!(s.check_invariants().is_ok());
 }
+
+#[test]
+fn lookup_and_store_in_one_pass_answers_as_the_two_calls_do() {
+    // Two stores in the same state: 1 and 2 ready, 3 pending; the offer 1..5 then evicts 1 or 2.
+    let mut one = Store::new(4, PolicyKind::Lru, false).unwrap();
+    let mut two = Store::new(4, PolicyKind::Lru, false).unwrap();
+    for s in [&mut one, &mut two] {
+        store(s, &[1, 2]);
+        s.prepare_store(&ks(&[3])).unwrap().unwrap();
+    }
+    let offer = ks(&[1, 3, 4, 5]);
+    let batch = Some(RankedBatch {
+        rank: 7,
+        positions: Positions::From(0),
+    });
+    let statuses = one.lookup(&offer).unwrap();
+    let plan = one.prepare_store_ranked(&offer, batch, false).unwrap();
+    let (both_statuses, both_plan) = two
+        .lookup_and_prepare_store_ranked(&offer, batch, false)
+        .unwrap();
+    assert_eq!(
+        statuses,
+        [
+            KeyStatus::Ready,
+            KeyStatus::Pending,
+            KeyStatus::Absent,
+            KeyStatus::Absent
+        ]
+    );
+    assert_eq!(both_statuses, statuses);
+    let (plan, both_plan) = (plan.unwrap(), both_plan.unwrap());
+    assert_eq!(ids(both_plan.evicted.iter()), [2]);
+    assert_eq!(
+        (
+            both_plan.indices,
+            both_plan.slots,
+            ids(both_plan.evicted.iter())
+        ),
+        (plan.indices, plan.slots, ids(plan.evicted.iter()))
+    );
+    let (a, b) = (one.stats(), two.stats());
+    assert_eq!(
+        (b.hits, b.misses, b.evictions),
+        (a.hits, a.misses, a.evictions)
+    );
+    assert_eq!((b.hits, b.misses), (1, 2));
+    assert_eq!(order(&one), order(&two));
+    two.check_invariants().unwrap();
+}

@@ -195,13 +195,16 @@ impl Store {
         let (used_chunks, plan) = py.detach(|| -> PyResult<_> {
             let k = batch.keys.slices(0, batch.keys.len());
             let mut s = self.lock()?;
+            let (statuses, plan) = s
+                .lookup_and_prepare_store_ranked(&k, ranked, false)
+                .map_err(to_py)?;
             let mut used = vec![Vec::new(); tables.len()];
-            for (i, status) in s.lookup(&k).map_err(to_py)?.into_iter().enumerate() {
+            for (i, status) in statuses.into_iter().enumerate() {
                 if status != KeyStatus::Pending {
                     used[groups[i] as usize].push(chunks[i]);
                 }
             }
-            let Some(plan) = s.prepare_store_ranked(&k, ranked, false).map_err(to_py)? else {
+            let Some(plan) = plan else {
                 return Ok((used, None));
             };
             match store_blocks(
