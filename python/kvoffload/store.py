@@ -25,14 +25,14 @@ KeyList = _rust.KeyList
 KeyRange = _rust.KeyRange
 
 Keys = Iterable[bytes] | KeyList | KeyRange
+"""A batch of keys, each 1..=MAX_KEY_LEN bytes: a `KeyList` or a view of one (read in place, the
+fastest), a list of `bytes`, or any iterable of `bytes`."""
 GroupOffer = tuple[
     int, KeyList, list[int], int, "tuple[int, int, int | None, Sequence[int]] | None"
 ]
 """One group's store offer of a request: `(group, keys, table, first_chunk, reach)`, its keys
 and its blocks of chunks `first_chunk..` (whole chunks), `reach` a sliding-window group's
 (`HybridPlanner`)."""
-"""A batch of keys, each 1..=MAX_KEY_LEN bytes: a `KeyList` or a view of one (read in place, the
-fastest), a list of `bytes`, or any iterable of `bytes`."""
 
 
 class KeyStatus(enum.IntEnum):

@@ -61,7 +61,8 @@ pub fn offer_batch(
 pub fn range_batch(ranges: &[(u32, &KeyBuf, u64, u64)], num_groups: u32) -> Result<GroupBatch> {
     let n = ranges
         .iter()
-        .map(|r| r.3.saturating_sub(r.2) as usize)
+        // Only keys that exist: a range past them is refused below.
+        .map(|r| r.3.min(r.1.len() as u64).saturating_sub(r.2) as usize)
         .sum();
     let mut batch = GroupBatch::with_capacity(n, ranges.first().map(|r| r.1));
     for &(group, keys, first, end) in ranges {

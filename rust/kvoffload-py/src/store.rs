@@ -458,8 +458,10 @@ fn mark_used(used: &Bound<'_, PyByteArray>, chunks: &[u64]) -> PyResult<()> {
     // SAFETY: the GIL is held and no Python code runs while the bytes are written, so nothing
     // else can resize or read the array meanwhile; every index is below its length.
     let flags = unsafe { used.as_bytes_mut() };
-    // Grown bytes are not zeroed by CPython.
-    flags[had.min(need)..].fill(0);
+    if had < need {
+        // Grown bytes are not zeroed by CPython; the flags already set stay.
+        flags[had..].fill(0);
+    }
     for &c in chunks {
         flags[c as usize] = 1;
     }
