@@ -395,7 +395,7 @@ def test_redis_tier_values_and_ours_never_meet(model_dir, redis):
 
 def test_a_request_preempted_after_its_promotion_reloads_from_the_cpu_tier(model_dir, redis):
     """Engine 2 has 16 usable GPU blocks: "a" and "b" (24-token prompts engine 1 wrote to Redis,
-    40 output tokens each) are both promoted and loaded, then outgrow the GPU and "b" is
+    40 output tokens each) are both promoted and loaded, then outgrow the GPU and one is
     preempted; readmitted, it loads its prompt again, now from engine 2's own CPU tier."""
     one = engine(model_dir, redis.url)
     for rid, seed in (("a", 1), ("b", 2)):
@@ -406,9 +406,11 @@ def test_a_request_preempted_after_its_promotion_reloads_from_the_cpu_tier(model
     two.add("a", prompt(1, 24), 40)
     two.add("b", prompt(2, 24), 40)
     two.run(max_steps=50_000)
-    assert preempted == {"b"}
-    b_loads = [load.num_tokens for load in two.loads if load.request_id == "b"]
-    assert b_loads == [24, 24]  # promoted, loaded; after the preemption, loaded again
+    # The one whose promotion landed last runs last and is preempted: "b" or, by timing, "a".
+    assert len(preempted) == 1
+    (victim,) = preempted
+    loads = [load.num_tokens for load in two.loads if load.request_id == victim]
+    assert loads == [24, 24]  # promoted, loaded; after the preemption, loaded again
     assert stats(two).remote_chunks_promoted == 4  # each chunk came from Redis once
     assert store_counts(two)[1:] == (0, 0)
-    assert len(two.outputs["b"]) == 40 and two.checked_positions["b"] >= 62
+    assert len(two.outputs[victim]) == 40 and two.checked_positions[victim] >= 62
