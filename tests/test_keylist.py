@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from kvoffload import CpuStore, KeyList, KeyRange
+from kvoffload import CpuStore, KeyList, KeyRange, _rust
 
 
 def test_sequence_behaviour():
@@ -53,6 +53,22 @@ def test_extend_chunk_keys_reads_only_new_hashes():
     with pytest.raises(ValueError, match="block_hashes=an entry of 61 bytes at index 8"):
         keys.extend_chunk_keys([*hashes[:6], b"x", b"x", b"y" * 61], 3)
     assert len(keys) == 2  # failed calls added nothing
+
+
+def test_extend_group_keys_gives_each_group_its_suffix_from_one_read():
+    hashes = [bytes([i]) * 32 for i in range(7)]
+    sliding, full = KeyList(), KeyList()
+    full.extend_chunk_keys(hashes[:3], 3, 1)  # one group ahead of the other
+    assert _rust.extend_group_keys([sliding, full], hashes[:6], 3) == 3
+    assert list(sliding) == [hashes[2] + bytes(4), hashes[5] + bytes(4)]
+    assert list(full) == [hashes[2] + (1).to_bytes(4, "big"), hashes[5] + (1).to_bytes(4, "big")]
+    # A bad hash refuses the call for every group: none grows.
+    with pytest.raises(ValueError, match="block_hashes=an entry of 61 bytes at index 8"):
+        _rust.extend_group_keys([sliding, full], [*hashes[:6], b"x", b"x", b"y" * 61], 3)
+    with pytest.raises(TypeError, match=r"block_hashes\[6\] must be bytes, got int"):
+        _rust.extend_group_keys([sliding, full], [*hashes[:6], 5, 5, 5], 3)
+    assert (len(sliding), len(full)) == (2, 2)
+    assert _rust.extend_group_keys([], hashes, 3) == 0
 
 
 def test_store_reads_key_lists_in_place():

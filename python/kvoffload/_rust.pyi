@@ -22,14 +22,17 @@ __all__ = [
     "Store",
     "_colliding_keys",
     "are_block_ids",
+    "extend_group_keys",
     "group_load",
     "group_offer",
     "group_ranges",
     "load_window",
+    "load_window_chunks",
     "loadable_tokens",
     "mask_remote_url",
     "reachable_blocks",
     "storable_chunks",
+    "window_hits",
 ]
 
 MAX_KEY_LEN: int
@@ -112,6 +115,16 @@ class Store:
     def complete_store(self, keys: _Keys, success: bool = True) -> None: ...
     def lookup_prefix(self, keys: _Keys) -> tuple[int, bool]: ...
     def lookup(self, keys: _Keys) -> bytes: ...
+    def lookup_groups(
+        self,
+        keys: Sequence[KeyList],
+        specs: Sequence[tuple[str, int | None, int, int, bool]],
+        tokens_per_chunk: int,
+        num_local: int,
+        num_tokens: int,
+        max_load_tokens: int | None,
+        loads_in_flight: bool,
+    ) -> int | None: ...
     def first_pinned(self, keys: _Keys) -> int: ...
     def prepare_load(
         self,
@@ -219,6 +232,10 @@ def loadable_tokens(
     window: tuple[int, int, int], hits: int, num_local_tokens: int, tokens_per_chunk: int
 ) -> int: ...
 def are_block_ids(values: object) -> bool: ...
+def load_window_chunks(
+    spec: tuple[str, int | None, int, int, bool], num_tokens: int, tokens_per_chunk: int
+) -> int | None: ...
+def window_hits(status: bytes, window: int, first_window: int) -> int | None: ...
 def reachable_blocks(start: int, end: int, reach: _Reach) -> bytes | None: ...
 def group_offer(
     offers: Sequence[_Offer],
@@ -228,6 +245,9 @@ def group_offer(
 def group_ranges(
     ranges: Sequence[tuple[int, KeyList, int, int]], num_groups: int
 ) -> tuple[KeyList, bytes, bytes, bytes]: ...
+def extend_group_keys(
+    lists: Sequence[KeyList], block_hashes: Iterable[bytes], blocks_per_chunk: int
+) -> int: ...
 def group_load(
     keys: Sequence[KeyList],
     tables: Sequence[list[int]],

@@ -35,6 +35,11 @@ and its blocks of chunks `first_chunk..` (whole chunks), `reach` a sliding-windo
 (`HybridPlanner`)."""
 
 
+GroupSpec = tuple[str, "int | None", int, int, bool]
+"""A KV-cache group as `CpuStore.lookup_groups` takes it: `(kind, window_chunks, window,
+extra_retained_tokens, eagle)` (`KVGroup.spec`)."""
+
+
 class KeyStatus(enum.IntEnum):
     ABSENT = 0
     PENDING = 1
@@ -263,6 +268,32 @@ class CpuStore:
         """Counts the leading ready keys; stops at the first that is not."""
         hits, pending = self._inner.lookup_prefix(keys)
         return PrefixLookup(hits, pending)
+
+    def lookup_groups(
+        self,
+        keys: Sequence[KeyList],
+        specs: Sequence[GroupSpec],
+        *,
+        tokens_per_chunk: int,
+        num_local: int,
+        num_tokens: int,
+        max_load_tokens: int | None,
+        loads_in_flight: bool,
+    ) -> int | None:
+        """A hybrid model's lookup of one request, group `g` with chunk keys `keys[g]`, as
+        vLLM's `OffloadingConnector` decides it (`HybridPlanner.lookup`): the tokens past
+        `num_local` every group can load (0, or at least a chunk), or `None` when a chunk needed
+        is being stored, or, with `loads_in_flight`, loaded (ask again). Counts hits and misses
+        as `lookup_prefix` and `lookup` do."""
+        return self._inner.lookup_groups(
+            keys,
+            specs,
+            tokens_per_chunk,
+            num_local,
+            num_tokens,
+            max_load_tokens,
+            loads_in_flight,
+        )
 
     def first_pinned(self, keys: Keys) -> int:
         """The position of the first key with a load in flight, or `len(keys)` if none has."""

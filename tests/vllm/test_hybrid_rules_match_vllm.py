@@ -38,7 +38,8 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.kv_offload.base import LookupResult
 from vllm.v1.request import RequestStatus
 
-from kvoffload.scheduler.groups import KVGroup, cdiv, window_hits
+from kvoffload import _rust
+from kvoffload.scheduler.groups import KVGroup, cdiv
 from kvoffload.scheduler.hybrid import GroupState, HybridPlanner
 from kvoffload.store import CpuStore, KeyList
 
@@ -138,7 +139,7 @@ def test_window_hits_matches_sliding_window_lookup() -> None:
         window = rng.randint(1, 6)
         first = window if rng.random() < 0.4 else window + rng.randint(1, 3)
         theirs = vllm_window_lookup(status, window, first)
-        ours = window_hits(np.array(status, dtype=np.uint8), window, first)
+        ours = _rust.window_hits(bytes(status), window, first)
         assert ours == theirs, (status, window, first)
         seen.add("none" if theirs is None else "zero" if theirs == 0 else "hit")
     assert seen == {"none", "zero", "hit"}
@@ -153,7 +154,7 @@ def test_window_hits_exhaustive_small() -> None:
             for window in range(1, 4):
                 for first in range(window, 6):
                     theirs = vllm_window_lookup(list(status), window, first)
-                    ours = window_hits(np.array(status, dtype=np.uint8), window, first)
+                    ours = _rust.window_hits(bytes(status), window, first)
                     assert ours == theirs, (status, window, first)
 
 
@@ -209,7 +210,7 @@ def test_window_chunks_match_vllm() -> None:
         assert group.window_chunks(tpc) == config.sliding_window_size_in_chunks, (group, tpc)
         for _ in range(5):
             num_tokens = rng.randint(0, 12 * tpc)
-            assert group.load_window_chunks(num_tokens, tpc) == (
+            assert _rust.load_window_chunks(group.spec(tpc), num_tokens, tpc) == (
                 config.load_window_size_in_chunks(num_tokens)
             ), (group, tpc, num_tokens)
 
@@ -335,30 +336,17 @@ def test_final_segment_end_block_matters_only_where_the_connector_never_passes_i
 # --- 5. HybridPlanner.lookup vs _lookup_complete_chunks ----------------------------------------
 
 
-class FakeStore:
-    """Our store's `lookup` / `first_pinned` answering from key -> status and a set of keys
-    being loaded."""
-
-    def __init__(self, status_of: dict[bytes, int], loading: set[bytes]) -> None:
-        self.status_of = status_of
-        self.loading = loading
-
-    def lookup(self, keys) -> np.ndarray:
-        return np.array([self.status_of[k] for k in keys], dtype=np.uint8)
-
-    def lookup_prefix(self, keys) -> tuple[int, bool]:
-        """As `CpuStore.lookup_prefix`: the leading ready keys, and whether the first that is
-        not is being stored."""
-        status = self.lookup(keys)
-        not_ready = np.flatnonzero(status != READY)
-        if not not_ready.size:
-            return len(status), False
-        first = int(not_ready[0])
-        return first, bool(status[first] == PENDING)
-
-    def first_pinned(self, keys) -> int:
-        keys = list(keys)
-        return next((i for i, k in enumerate(keys) if k in self.loading), len(keys))
+def real_store(status_of: dict[bytes, int], loading: set[bytes]) -> CpuStore:
+    """Our store with every key of `status_of` in its status (ready, being stored, absent), and
+    the keys of `loading` (ready ones) pinned by a load in flight."""
+    store = CpuStore(max(1, len(status_of)))
+    present = [k for k, st in status_of.items() if st != ABSENT]
+    if present:
+        store.prepare_store(present)
+        store.complete_store([k for k in present if status_of[k] == READY])
+    if loading:
+        store.prepare_load(sorted(loading))
+    return store
 
 
 def vllm_scheduler(groups: list[KVGroup], tpb: int, bpc: int, status_of, loading):
@@ -440,7 +428,9 @@ def random_lookup_case(rng: random.Random) -> dict:
         status_of.update((key(gi, c), s) for c, s in enumerate(status))
     loading: set[bytes] | None = None
     if rng.random() < 0.5:
-        loading = {k for k in status_of if rng.random() < rng.choice([0.0, 0.02, 0.1])}
+        # A chunk being loaded is stored.
+        p_loading = rng.choice([0.0, 0.02, 0.1])
+        loading = {k for k, st in status_of.items() if st == READY and rng.random() < p_loading}
     return {
         "tpb": tpb,
         "bpc": bpc,
@@ -476,9 +466,8 @@ def run_lookup(case: dict) -> tuple[int | None, int | None]:
         GroupState(keys=KeyList([key(gi, c) for c in range(num_chunks)]))
         for gi in range(len(groups))
     ]
-    store = FakeStore(case["status_of"], case["loading"] or set())
     ours = planner.lookup(
-        store,  # type: ignore[arg-type]
+        real_store(case["status_of"], case["loading"] or set()),
         states,
         case["num_local"],
         case["num_tokens"],

@@ -15,13 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
-import numpy.typing as npt
+from kvoffload.store import GroupSpec
 
 GroupKind = Literal["full", "sliding", "chunked_local", "mamba"]
 GROUP_KINDS: tuple[GroupKind, ...] = ("full", "sliding", "chunked_local", "mamba")
-
-_ABSENT, _PENDING = 0, 1  # `KeyStatus` values
 
 
 def cdiv(a: int, b: int) -> int:
@@ -78,38 +75,7 @@ class KVGroup:
             cdiv(self.window - 1 + self.extra_retained_tokens, tokens_per_chunk),
         )
 
-    def load_window_chunks(self, num_tokens: int, tokens_per_chunk: int) -> int | None:
-        """Chunks a hit ending at `num_tokens` loads: a sliding group's allocation keeps the
-        window ending at the hit, which may reach one chunk further left than the lookup's."""
+    def spec(self, tokens_per_chunk: int) -> GroupSpec:
+        """The group as the store's hybrid lookup takes it (`CpuStore.lookup_groups`)."""
         window = self.window_chunks(tokens_per_chunk)
-        if self.kind == "sliding":
-            assert window is not None
-            padding = -num_tokens % tokens_per_chunk
-            window = max(
-                window,
-                cdiv(self.window - 1 + self.extra_retained_tokens + padding, tokens_per_chunk),
-            )
-        return window
-
-
-def window_hits(status: npt.NDArray[np.uint8], window: int, first_window: int) -> int | None:
-    """The end of the last run of `window` present keys, scanning from the end; the run that
-    reaches the end needs `first_window` (a partial rightmost chunk). With no such run, the
-    length of the run that starts at key 0 (0 when key 0 is absent). `None`: the run found has
-    a key being stored."""
-    n = len(status)
-    absent = np.flatnonzero(status == _ABSENT)
-    # Runs of present keys: [start, end) between absent keys, last first.
-    ends = np.append(n, absent[::-1])
-    starts = np.append(absent[::-1] + 1, 0)
-    for i, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
-        need = first_window if i == 0 else window
-        if end - start >= need:
-            if (status[end - need : end] == _PENDING).any():
-                return None
-            return int(end)
-        if start == 0:
-            if (status[:end] == _PENDING).any():
-                return None
-            return int(end)
-    return 0
+        return (self.kind, window, self.window, self.extra_retained_tokens, self.eagle)

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvoffload import _rust
-from kvoffload.scheduler.groups import KVGroup, cdiv, window_hits
+from kvoffload.scheduler.groups import KVGroup, cdiv
 from kvoffload.store import CpuStore, GroupOffer, KeyList
 
 NULL_BLOCK = 0
@@ -122,14 +122,9 @@ class HybridPlanner:
                 f"allowed: a multiple of the chunk ({self.tpc} tokens)"
             )
         self.retention_interval = retention_interval
-        self._window = [g.window_chunks(self.tpc) for g in self.groups]
-        full = tuple(i for i, w in enumerate(self._window) if w is None)
-        # Larger windows first (a stable sort: ties keep the group order).
-        self._windowed = tuple(sorted(windowed, key=lambda i: self._window[i] or 0, reverse=True))
-        """Window groups (Mamba included, a window of one chunk), larger windows first."""
-        self._order = full + self._windowed
-        self._freeing = tuple(i for i in self._windowed if self.groups[i].kind != "mamba")
-        """Window groups, which free blocks while their request runs."""
+        self._specs = [g.spec(self.tpc) for g in self.groups]
+        self._freeing = tuple(i for i in windowed if self.groups[i].kind != "mamba")
+        """Sliding-window and chunked-local groups, which free blocks while their request runs."""
         self.window_mask = [g.kind != "full" for g in self.groups]
         """Per group: whether the engine may hand its blocks out again while the request runs."""
         self.has_window = bool(windowed)
@@ -150,12 +145,10 @@ class HybridPlanner:
         return _key_batch(_rust.group_ranges(ranges, self.num_groups))
 
     def extend_keys(self, states: list[GroupState], block_hashes: Sequence[bytes]) -> None:
-        bpc = self.bpc
         # Most steps complete no chunk (vLLM hashes a prompt's blocks up front): no call then.
-        chunks = len(block_hashes) // bpc if type(block_hashes) is list else None
-        for index, state in enumerate(states):
-            if chunks is None or chunks > len(state.keys):
-                state.keys.extend_chunk_keys(block_hashes, bpc, index)
+        # Every group's keys come from the same hashes, so they grow together.
+        if type(block_hashes) is not list or len(block_hashes) // self.bpc > len(states[0].keys):
+            _rust.extend_group_keys([state.keys for state in states], block_hashes, self.bpc)
 
     # --- lookups ---------------------------------------------------------------------------------
 
@@ -170,109 +163,15 @@ class HybridPlanner:
     ) -> int | None:
         """Tokens past `num_local` every group can load (0, or at least a chunk), or `None`: a
         chunk needed is being stored or loaded (ask again)."""
-        tpc = self.tpc
-        max_hit = num_tokens
-        if max_load_tokens is not None:
-            max_hit = min(max_hit, num_local + max_load_tokens)
-        if self.has_window:
-            # The last prompt token is recomputed for its logits: keep a hit after that.
-            max_hit -= 1
-            if self.has_state:
-                # A state is stored only on a chunk boundary.
-                max_hit = max_hit // tpc * tpc
-        num_hit = 0
-        deferred = False
-        pending_groups = self._order
-        eagle_verified: set[int] = set()
-        start = num_local // tpc
-        while pending_groups:
-            looked_up_window = False
-            current, pending_groups = pending_groups, ()
-            for gi in current:
-                group, state = self.groups[gi], states[gi]
-                num_keys = len(state.keys)
-                unverified = group.eagle and gi not in eagle_verified
-                max_hit = min(max_hit, num_keys * tpc)
-                if max_load_tokens is not None:
-                    max_hit = max_hit // tpc * tpc
-                if max_hit - num_local < tpc:
-                    return 0
-                # An EAGLE group's last chunk is volatile: one more is asked and dropped.
-                query_max = min(max_hit + tpc, num_keys * tpc) if unverified else max_hit
-                end = min(cdiv(query_max, tpc), num_keys)
-                window = self._window[gi]
-                hits: int | None
-                if window is None:
-                    # Stops at the first key not ready: one being stored defers, as vLLM's scan
-                    # (which counts it and defers) does.
-                    found, pending = store.lookup_prefix(state.keys.view(start, end))
-                    hits = None if pending else found
-                else:
-                    required = window + int(unverified)
-                    candidate = min(max_hit, (end - int(unverified)) * tpc)
-                    first = group.load_window_chunks(candidate, tpc)
-                    assert first is not None
-                    hits = self._window_hits(
-                        store, state, start, end, required, first + int(unverified)
-                    )
-                if hits == 0:
-                    return 0
-                if hits is None:
-                    deferred = True
-                else:
-                    if unverified:
-                        hits -= 1
-                        eagle_verified.add(gi)
-                    max_hit = min(max_hit, tpc * (start + hits))
-                new_hit = max_hit - num_local
-                if new_hit < tpc:
-                    return 0
-                if new_hit < num_hit:
-                    if not group.eagle:
-                        eagle_verified.clear()
-                    if deferred:
-                        # Another pass over every group: it may not need to wait any more.
-                        deferred = False
-                        pending_groups = self._order
-                    elif looked_up_window and not pending_groups:
-                        # The window groups already asked must hold at the new boundary too.
-                        pending_groups = self._windowed
-                looked_up_window |= window is not None
-                num_hit = new_hit
-        if deferred:
-            return None
-        if loads_in_flight and self._any_being_loaded(store, states, num_local, num_hit):
-            # They become GPU prefix-cache hits once that load lands (as vLLM waits).
-            return None
-        return num_hit
-
-    @staticmethod
-    def _window_hits(
-        store: CpuStore, state: GroupState, start: int, end: int, window: int, first: int
-    ) -> int | None:
-        """`window_hits` over keys `start..end`, asking only the last `first` when all are ready
-        (the usual answer)."""
-        if (
-            end - start >= first
-            and store.lookup_prefix(state.keys.view(end - first, end))[0] == first
-        ):
-            return end - start
-        return window_hits(store.lookup(state.keys.view(start, end)), window, first)
-
-    def _any_being_loaded(
-        self, store: CpuStore, states: list[GroupState], num_local: int, num_hit: int
-    ) -> bool:
-        tpc = self.tpc
-        end_tokens = num_local + num_hit
-        start, end = num_local // tpc, cdiv(end_tokens, tpc)
-        for group, state in zip(self.groups, states, strict=True):
-            first = start
-            window = group.load_window_chunks(end_tokens, tpc)
-            if window is not None:
-                first = max(start, end - window)
-            if end > first and store.first_pinned(state.keys.view(first, end)) < end - first:
-                return True
-        return False
+        return store.lookup_groups(
+            [state.keys for state in states],
+            self._specs,
+            tokens_per_chunk=self.tpc,
+            num_local=num_local,
+            num_tokens=num_tokens,
+            max_load_tokens=max_load_tokens,
+            loads_in_flight=loads_in_flight,
+        )
 
     # --- loads -----------------------------------------------------------------------------------
 

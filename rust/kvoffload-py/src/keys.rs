@@ -366,6 +366,54 @@ impl KeyList {
     }
 }
 
+/// `KeyList.extend_chunk_keys` of every group of a hybrid model at once: `lists[g]` takes the
+/// keys of group `g`. The hashes are read once for all groups (past the chunks the shortest list
+/// has), which is most of the cost. Returns how many keys were added in all.
+#[pyfunction]
+pub fn extend_group_keys(
+    py: Python<'_>,
+    lists: Vec<Bound<'_, KeyList>>,
+    block_hashes: &Bound<'_, PyAny>,
+    blocks_per_chunk: usize,
+) -> PyResult<usize> {
+    let lists: Vec<&KeyList> = lists.iter().map(|l| l.get()).collect();
+    let seen = lists
+        .iter()
+        .map(|l| py.detach(|| l.read().map(|b| b.len())))
+        .collect::<PyResult<Vec<_>>>()?;
+    let Some(&least) = seen.iter().min() else {
+        return Ok(0);
+    };
+    let hashes = as_list(block_hashes, "block_hashes")?;
+    let first_block = least.saturating_mul(blocks_per_chunk);
+    // SAFETY: the slices are used below, before any Python code can run.
+    let tail = unsafe { list_bytes(&hashes, first_block, "block_hashes")? };
+    // Every group's keys are made before any list changes, so an error changes none of them.
+    let mut fresh = Vec::with_capacity(lists.len());
+    for (group, &n) in seen.iter().enumerate() {
+        let skip = ((n - least) * blocks_per_chunk).min(tail.len());
+        let keys = KeyBuf::chunk_keys(
+            &tail[skip..],
+            blocks_per_chunk,
+            group as u32,
+            first_block + skip,
+        )
+        .map_err(to_py)?;
+        fresh.push(keys);
+    }
+    py.detach(|| {
+        let mut added = 0;
+        for ((list, keys), &n) in lists.iter().zip(&fresh).zip(&seen) {
+            // As in `extend_chunk_keys`: chunks appended meanwhile are skipped.
+            let mut buf = list.write()?;
+            let skip = buf.len() - n;
+            buf.append_from(keys, skip);
+            added += keys.len().saturating_sub(skip);
+        }
+        Ok(added)
+    })
+}
+
 /// Keys `start..end` of a `KeyList`, as made by `KeyList.view`.
 #[pyclass(frozen, module = "kvoffload._rust")]
 pub struct KeyRange {

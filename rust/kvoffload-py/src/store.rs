@@ -2,10 +2,10 @@
 
 use crate::errors::{to_py, KVOffloadError};
 use crate::keys::{bytes_list, i64_bytes, int64_bytes, new_bytes, KeyArg, KeyList};
-use crate::window::{offered, Offer};
+use crate::window::{group_kinds, offered, GroupSpec, Offer};
 use kvoffload_core::{
-    store_blocks, used_keys, Error, EventKind, KeyBuf, KeyStatus, PolicyKind, Positions,
-    RankedBatch,
+    lookup_groups, store_blocks, used_keys, Error, EventKind, KeyBuf, KeyStatus, LookupAsk,
+    LookupGroup, PolicyKind, Positions, RankedBatch,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -278,6 +278,50 @@ impl Store {
 
     fn lookup_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<(usize, bool)> {
         self.with_keys(py, &KeyArg::extract(keys)?, |s, k| s.lookup_prefix(k))
+    }
+
+    /// A hybrid model's lookup of one request (`kvoffload_core::lookup_groups`): per group its
+    /// keys and its `(kind, window_chunks, window, extra_retained_tokens, eagle)`.
+    #[allow(clippy::too_many_arguments)]
+    fn lookup_groups(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Bound<'_, KeyList>>,
+        specs: Vec<GroupSpec>,
+        tokens_per_chunk: u64,
+        num_local: u64,
+        num_tokens: u64,
+        max_load_tokens: Option<u64>,
+        loads_in_flight: bool,
+    ) -> PyResult<Option<u64>> {
+        let kinds = group_kinds(&specs, keys.len())?;
+        let lists: Vec<&KeyList> = keys.iter().map(|k| k.get()).collect();
+        let ask = LookupAsk {
+            num_local,
+            num_tokens,
+            max_load_tokens,
+            loads_in_flight,
+        };
+        py.detach(|| {
+            let guards = lists
+                .iter()
+                .map(|l| l.read())
+                .collect::<PyResult<Vec<_>>>()?;
+            let groups: Vec<LookupGroup<'_>> = guards
+                .iter()
+                .zip(&specs)
+                .zip(kinds)
+                .map(|((keys, spec), kind)| LookupGroup {
+                    keys,
+                    kind,
+                    window_chunks: spec.1,
+                    window: spec.2,
+                    extra_retained_tokens: spec.3,
+                    eagle: spec.4,
+                })
+                .collect();
+            lookup_groups(&mut *self.lock()?, &groups, tokens_per_chunk, ask).map_err(to_py)
+        })
     }
 
     fn first_pinned(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {

@@ -5,7 +5,8 @@ use crate::errors::to_py;
 use crate::ids::{block_slice, block_vec};
 use crate::keys::{i64_bytes, new_bytes, KeyList};
 use kvoffload_core::{
-    load_parts, offer_batch, range_batch, GroupBatch, GroupOffer, KeyBuf, WindowReach,
+    load_parts, offer_batch, range_batch, GroupBatch, GroupKind, GroupOffer, KeyBuf, KeyStatus,
+    LookupGroup, WindowReach,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -21,6 +22,81 @@ fn window_reach(reach: &Reach) -> WindowReach<'_> {
         segment: reach.2,
         tail_ends: &reach.3,
     }
+}
+
+/// A group as `Store.lookup_groups` takes it: `(kind, window_chunks, window,
+/// extra_retained_tokens, eagle)` (the Python `KVGroup`'s fields and its window in chunks).
+pub(crate) type GroupSpec = (String, Option<u64>, u64, u64, bool);
+
+/// Each spec's kind, or a ValueError when a kind is unknown, or the specs are not one per key
+/// list.
+pub(crate) fn group_kinds(specs: &[GroupSpec], num_lists: usize) -> PyResult<Vec<GroupKind>> {
+    if specs.len() != num_lists {
+        return Err(PyValueError::new_err(format!(
+            "specs has {} groups for {num_lists} key lists: expected one per key list",
+            specs.len()
+        )));
+    }
+    specs
+        .iter()
+        .map(|(kind, window_chunks, ..)| {
+            let kind = match kind.as_str() {
+                "full" => GroupKind::Full,
+                "sliding" => GroupKind::Sliding,
+                "chunked_local" => GroupKind::ChunkedLocal,
+                "mamba" => GroupKind::Mamba,
+                _ => {
+                    return Err(PyValueError::new_err(format!(
+                        "kind={kind:?} is invalid; allowed: full, sliding, chunked_local, mamba"
+                    )))
+                }
+            };
+            if (kind == GroupKind::Full) != window_chunks.is_none() {
+                return Err(PyValueError::new_err(format!(
+                    "window_chunks={window_chunks:?} of a {kind:?} group is invalid: None for \
+                     full attention only"
+                )));
+            }
+            Ok(kind)
+        })
+        .collect()
+}
+
+/// `LookupGroup::load_window_chunks` of a group given as `Store.lookup_groups` takes it.
+#[pyfunction]
+pub fn load_window_chunks(
+    spec: GroupSpec,
+    num_tokens: u64,
+    tokens_per_chunk: u64,
+) -> PyResult<Option<u64>> {
+    let kind = group_kinds(std::slice::from_ref(&spec), 1)?[0];
+    let keys = KeyBuf::new();
+    let group = LookupGroup {
+        keys: &keys,
+        kind,
+        window_chunks: spec.1,
+        window: spec.2,
+        extra_retained_tokens: spec.3,
+        eagle: spec.4,
+    };
+    Ok(group.load_window_chunks(num_tokens, tokens_per_chunk))
+}
+
+/// `kvoffload_core::window_hits` of one status byte per key (0 absent, 1 pending, 2 ready).
+#[pyfunction]
+pub fn window_hits(status: &[u8], window: usize, first_window: usize) -> PyResult<Option<usize>> {
+    let status = status
+        .iter()
+        .map(|&s| match s {
+            0 => Ok(KeyStatus::Absent),
+            1 => Ok(KeyStatus::Pending),
+            2 => Ok(KeyStatus::Ready),
+            _ => Err(PyValueError::new_err(format!(
+                "status holds {s}: allowed: 0 (absent), 1 (pending), 2 (ready)"
+            ))),
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(kvoffload_core::window_hits(&status, window, first_window))
 }
 
 /// Which of blocks `start..end` a later hit reads, as one bool per byte; `None`: all of them.
