@@ -23,7 +23,6 @@ __all__ = [
     "_colliding_keys",
     "are_block_ids",
     "extend_group_keys",
-    "group_load",
     "group_offer",
     "group_ranges",
     "load_window",
@@ -133,6 +132,18 @@ class Store:
         first_position: int = 0,
         positions: Sequence[int] | bytes | None = None,
     ) -> bytes: ...
+    def load_groups(
+        self,
+        keys: Sequence[KeyList],
+        tables: Sequence[list[int]],
+        first_block: int,
+        num_blocks: int,
+        end_chunk: int,
+        blocks_per_chunk: int,
+        rank: int,
+        used: Sequence[bytearray],
+        touch: bool,
+    ) -> tuple[KeyList, bytes, bytes, list[tuple[int, int, int, int]]]: ...
     def new_rank(self) -> int: ...
     def complete_load(self, keys: _Keys) -> None: ...
     def hold_for_write(self, keys: _Keys) -> bytes: ...
@@ -248,12 +259,4 @@ def group_ranges(
 def extend_group_keys(
     lists: Sequence[KeyList], block_hashes: Iterable[bytes], blocks_per_chunk: int
 ) -> int: ...
-def group_load(
-    keys: Sequence[KeyList],
-    tables: Sequence[list[int]],
-    first_block: int,
-    num_blocks: int,
-    end_chunk: int,
-    blocks_per_chunk: int,
-) -> tuple[KeyList, bytes, bytes, bytes, bytes, list[tuple[int, int, int, int]]]: ...
 def _colliding_keys(n: int, bits: int = 12) -> list[bytes]: ...

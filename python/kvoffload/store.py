@@ -80,6 +80,17 @@ class GroupStorePlan(NamedTuple):
     window_blocks: list[int]
 
 
+class GroupLoadPlan(NamedTuple):
+    """What `load_groups` pinned: load `keys[i]` from `slots[i]`; `parts` are each loading
+    group's `(group, num_slots, num_blocks, skip_leading_blocks)`, in group order, and
+    `gpu_block_ids` the blocks they write, in that order."""
+
+    keys: KeyList
+    slots: npt.NDArray[np.int64]
+    gpu_block_ids: npt.NDArray[np.int64]
+    parts: list[tuple[int, int, int, int]]
+
+
 @dataclass(frozen=True)
 class StoreEvent:
     kind: str
@@ -316,6 +327,40 @@ class CpuStore:
         `prepare_store`)."""
         _check_positions(rank, positions)
         return _int64s(self._inner.prepare_load(keys, rank, first_position, positions))
+
+    def load_groups(
+        self,
+        keys: Sequence[KeyList],
+        tables: Sequence[list[int]],
+        *,
+        first_block: int,
+        num_blocks: int,
+        end_chunk: int,
+        blocks_per_chunk: int,
+        rank: int,
+        used: Sequence[bytearray],
+        touch: bool = False,
+    ) -> GroupLoadPlan:
+        """`prepare_load` of a hybrid model's load of GPU blocks `first_block..num_blocks` up to
+        chunk `end_chunk`: group `g` (keys `keys[g]`, table `tables[g]`) loads from its first
+        block that is not the null block (0; a window group holds only its window), and its
+        loaded chunks are flagged in `used[g]`. Keys are ranked in request `rank`'s eviction
+        order and, with `touch`, used again (`touch`). Raises ValueError when a table is too
+        short or has a null block among those the load writes, and InvalidStateError when a
+        key is not ready: nothing is pinned then."""
+        out = self._inner.load_groups(
+            keys,
+            tables,
+            first_block,
+            num_blocks,
+            end_chunk,
+            blocks_per_chunk,
+            rank,
+            used,
+            touch,
+        )
+        to_load, slots, gpu, parts = out
+        return GroupLoadPlan(to_load, _int64s(slots), _int64s(gpu), parts)
 
     def complete_load(self, keys: Keys) -> None:
         """Unpins every key once (each must be pinned as often as it is listed)."""

@@ -34,7 +34,7 @@ _Reach = tuple[int, int, int | None, list[int]]
 """`(need, shift, segment, tail_ends)` of a sliding-window group (`_rust.reachable_blocks`)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class GroupState:
     """One group of one request."""
 
@@ -76,14 +76,6 @@ class KeyBatch:
     chunks: IntArray
     positions: bytes
     """Each key's place in the request's eviction order (an int64 array's bytes)."""
-
-
-@dataclass(frozen=True)
-class LoadPlan:
-    batch: KeyBatch
-    gpu_block_ids: IntArray
-    parts: tuple[GroupSlice, ...]
-    end_chunk: int
 
 
 class HybridPlanner:
@@ -172,33 +164,6 @@ class HybridPlanner:
             max_load_tokens=max_load_tokens,
             loads_in_flight=loads_in_flight,
         )
-
-    # --- loads -----------------------------------------------------------------------------------
-
-    def plan_load(
-        self,
-        states: list[GroupState],
-        tables: list[list[int]],
-        num_local: int,
-        loadable: int,
-    ) -> LoadPlan:
-        """The load of `loadable` tokens past `num_local`: per group the blocks from its first
-        non-null one past the local prefix (a window group allocates only its window) to the
-        hit's end. Raises ValueError when a table is too short, or has a null block among the
-        blocks the load writes."""
-        num_cached = num_local + loadable
-        end_chunk = cdiv(num_cached, self.tpc)
-        keys, groups, chunks, positions, gpu, parts = _rust.group_load(
-            [state.keys for state in states],
-            tables,
-            cdiv(num_local, self.tpb),
-            cdiv(num_cached, self.tpb),
-            end_chunk,
-            self.bpc,
-        )
-        batch = _key_batch((keys, groups, chunks, positions))
-        slices = tuple(GroupSlice(*part) for part in parts)
-        return LoadPlan(batch, np.frombuffer(gpu, _INT64), slices, end_chunk)
 
     # --- stores ----------------------------------------------------------------------------------
 

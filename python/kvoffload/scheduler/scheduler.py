@@ -19,7 +19,7 @@ make room for stores or promotions).
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import logging
 import operator
 from array import array
@@ -125,7 +125,7 @@ def _count(name: str, value: int) -> int:
     return operator.index(value)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Request:
     request_id: str
     num_prompt_tokens: int
@@ -164,8 +164,7 @@ class _CheckedUpdate(NamedTuple):
     shared_prefix_boundary: int
 
 
-@dataclass(frozen=True)
-class _InFlight:
+class _InFlight(NamedTuple):
     kind: Literal["store", "load"]
     request_id: str
     keys: KeyList
@@ -635,7 +634,10 @@ class OffloadScheduler:
 
     def stats(self) -> SchedulerStats:
         """A snapshot of the counters."""
-        return dataclasses.replace(self._stats, ignored_params=dict(self._stats.ignored_params))
+        # A shallow copy: dataclasses.replace re-runs __init__, per step in the connector.
+        snapshot = copy.copy(self._stats)
+        snapshot.ignored_params = dict(snapshot.ignored_params)
+        return snapshot
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self._requests
@@ -785,7 +787,9 @@ class OffloadScheduler:
         if empty_ok and len(values) == 0:
             return []
         allowed = f"expected {n} sequences of GPU block ids, one per KV-cache group"
-        if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
+        if type(values) not in (list, tuple) and (
+            not isinstance(values, Sequence) or isinstance(values, (str, bytes))
+        ):
             raise ValueError(f"{name}={_short(values)} is invalid: {allowed}")
         if len(values) != n or any(isinstance(v, (int, np.integer)) for v in values):
             raise ValueError(f"{name}={_short(values)} is invalid: {allowed}")
@@ -826,33 +830,41 @@ class OffloadScheduler:
         self, req: _Request, tables: list[list[int]], num_local: int, loadable: int
     ) -> LoadJob:
         assert self.hybrid is not None and req.groups is not None
-        plan = self.hybrid.plan_load(req.groups, tables, num_local, loadable)
-        batch = plan.batch
+        tpb, tpc = self.config.tokens_per_block, self.config.tokens_per_chunk
+        num_cached = num_local + loadable
+        end_chunk = -(-num_cached // tpc)
         # Pins, or raises with nothing pinned.
-        slots = self.store.prepare_load(batch.keys, rank=self._rank(req), positions=batch.positions)
-        if self.config.eviction_policy == "arc":
-            self.store.touch(batch.keys)
+        plan = self.store.load_groups(
+            [state.keys for state in req.groups],
+            tables,
+            first_block=-(-num_local // tpb),
+            num_blocks=-(-num_cached // tpb),
+            end_chunk=end_chunk,
+            blocks_per_chunk=self.config.blocks_per_chunk,
+            rank=self._rank(req),
+            used=[state.used for state in req.groups],
+            touch=self.config.eviction_policy == "arc",  # a reuse: ARC's frequent list
+        )
         self._set_tables(req, tables)
         req.planned_load = None
-        for part in plan.parts:
-            req.groups[part.group].mark_used(plan.end_chunk - part.num_slots, plan.end_chunk)
         for state in req.groups:
-            state.next_stored = max(state.next_stored, plan.end_chunk)
-        job_id = self._track("load", req, batch.keys, plan.gpu_block_ids)
+            state.next_stored = max(state.next_stored, end_chunk)
+        job_id = self._track("load", req, plan.keys, plan.gpu_block_ids)
         self._loads_in_flight += 1
         self._stats.load_jobs += 1
         self._stats.hit_tokens += loadable
-        first = min((plan.end_chunk - p.num_slots for p in plan.parts), default=plan.end_chunk)
+        parts = tuple(GroupSlice(*part) for part in plan.parts)
+        first = min((end_chunk - p.num_slots for p in parts), default=end_chunk)
         return LoadJob(
             job_id,
             req.request_id,
-            batch.keys,
-            slots,
+            plan.keys,
+            plan.slots,
             plan.gpu_block_ids,
             0,
             loadable,
             first,
-            plan.parts,
+            parts,
         )
 
     def _offloadable(self, req: _Request, computed: int, num_tokens: int) -> int:
@@ -867,7 +879,10 @@ class OffloadScheduler:
         assert self.hybrid is not None and req.groups is not None
         offloadable = self._offloadable(req, computed, req.num_tokens)
         whole = offloadable // self.config.tokens_per_chunk
-        if all(whole <= state.next_stored for state in req.groups):
+        for state in req.groups:
+            if whole > state.next_stored:
+                break
+        else:
             # No group has a new chunk to offer (most decode steps): the frontiers stay.
             return None
         boundaries = (req.num_prompt_tokens - 1,) + ((junction,) if junction else ())

@@ -3,7 +3,7 @@ Prometheus counters (`vllm:kvoffload_*`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from vllm.config import VllmConfig
@@ -44,18 +44,15 @@ GAUGES: dict[str, str] = {
     "cpu_tier_ready_ratio": "Share of the CPU tier whose memory is ready (1 once fully pinned)",
 }
 
-_FIELDS = tuple(f.name for f in fields(SchedulerStats))
-
 
 def stats_delta(now: SchedulerStats, before: SchedulerStats) -> dict[str, int]:
     """Counter increments from `before` to `now`; `ignored_params` summed over its keys."""
+    # The instances' own dicts: read every step, where a getattr per field showed.
     out: dict[str, int] = {}
-    for name in _FIELDS:
-        a, b = getattr(now, name), getattr(before, name)
-        if isinstance(a, dict):
-            out[name] = sum(a.values()) - sum(b.values())
-        else:
-            out[name] = a - b
+    earlier = vars(before)
+    for name, a in vars(now).items():
+        b = earlier[name]
+        out[name] = sum(a.values()) - sum(b.values()) if isinstance(a, dict) else a - b
     return out
 
 

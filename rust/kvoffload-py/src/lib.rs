@@ -44,7 +44,6 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(keys::extend_group_keys, m)?)?;
     m.add_function(wrap_pyfunction!(window::group_offer, m)?)?;
     m.add_function(wrap_pyfunction!(window::group_ranges, m)?)?;
-    m.add_function(wrap_pyfunction!(window::group_load, m)?)?;
     m.add_function(wrap_pyfunction!(window::reachable_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(window::window_hits, m)?)?;
     m.add_function(wrap_pyfunction!(window::load_window_chunks, m)?)?;

@@ -2,7 +2,7 @@
 
 use crate::errors::{to_py, KVOffloadError};
 use crate::keys::{bytes_list, i64_bytes, int64_bytes, new_bytes, KeyArg, KeyList};
-use crate::window::{group_kinds, offered, GroupSpec, Offer};
+use crate::window::{group_kinds, load_batch, offered, GroupSpec, Offer};
 use kvoffload_core::{
     lookup_groups, store_blocks, used_keys, Error, EventKind, KeyBuf, KeyStatus, LookupAsk,
     LookupGroup, PolicyKind, Positions, RankedBatch,
@@ -11,6 +11,15 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList};
 use std::sync::{Mutex, MutexGuard};
+
+/// What `load_groups` answers: the keys, their slots and the GPU blocks written (int64 bytes),
+/// and each loading group's `(group, num_slots, num_blocks, skip_leading_blocks)`.
+type GroupLoad<'py> = (
+    KeyList,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Vec<(u32, u64, u64, u64)>,
+);
 
 /// The CPU-tier block store. Thread-safe: every call takes an internal lock, with the GIL released
 /// while it waits for the lock and while the store works.
@@ -354,6 +363,63 @@ impl Store {
             s.prepare_load_ranked(k, batch)
         })?;
         int64_bytes(py, &slots)
+    }
+
+    /// A hybrid model's load (`window::load_batch`), pinned in request `rank`'s eviction order
+    /// (and, with `touch`, used again: ARC's frequent list); each loading group's chunks are
+    /// flagged in its `used`. Raises with nothing pinned when a key is not ready.
+    #[allow(clippy::too_many_arguments)]
+    fn load_groups<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<Bound<'py, KeyList>>,
+        tables: Vec<Bound<'py, PyList>>,
+        first_block: usize,
+        num_blocks: usize,
+        end_chunk: u64,
+        blocks_per_chunk: u64,
+        rank: u64,
+        used: Vec<Bound<'py, PyByteArray>>,
+        touch: bool,
+    ) -> PyResult<GroupLoad<'py>> {
+        if used.len() != keys.len() {
+            return Err(PyValueError::new_err(format!(
+                "used has {} flag arrays: expected one per group ({})",
+                used.len(),
+                keys.len()
+            )));
+        }
+        let (batch, gpu, parts) = load_batch(
+            &keys,
+            &tables,
+            first_block,
+            num_blocks,
+            end_chunk,
+            blocks_per_chunk,
+        )?;
+        let ranked = Some(RankedBatch {
+            rank,
+            positions: Positions::Each(&batch.positions),
+        });
+        let slots = py.detach(|| -> PyResult<_> {
+            let k = batch.keys.slices(0, batch.keys.len());
+            let mut s = self.lock()?;
+            let slots = s.prepare_load_ranked(&k, ranked).map_err(to_py)?;
+            if touch {
+                s.touch(&k, true).map_err(to_py)?;
+            }
+            Ok(slots)
+        })?;
+        for &(group, num_slots, ..) in &parts {
+            let chunks: Vec<u64> = (end_chunk - num_slots..end_chunk).collect();
+            mark_used(&used[group as usize], &chunks)?;
+        }
+        Ok((
+            KeyList::from_buf(batch.keys),
+            int64_bytes(py, &slots)?,
+            i64_bytes(py, gpu.into_iter())?,
+            parts,
+        ))
     }
 
     fn new_rank(&self, py: Python<'_>) -> PyResult<u64> {

@@ -220,33 +220,22 @@ pub fn group_ranges<'py>(
     batch_answer(py, batch)
 }
 
-/// What `group_load` answers: `group_ranges`'s batch, then the GPU blocks the load writes
-/// (int64 bytes) and each loading group's `(group, num_slots, num_blocks, skip_leading_blocks)`.
-type LoadAnswer<'py> = (
-    KeyList,
-    Bound<'py, PyBytes>,
-    Bound<'py, PyBytes>,
-    Bound<'py, PyBytes>,
-    Bound<'py, PyBytes>,
-    Vec<(u32, u64, u64, u64)>,
-);
-
 /// A hybrid model's load of GPU blocks `first_block..num_blocks` (of each group's table in
 /// `tables`, with its chunk keys in `keys`) up to chunk `end_chunk`: each group from its first
-/// live block (`kvoffload_core::load_parts`), its keys gathered as `group_ranges` does.
-#[pyfunction]
-pub fn group_load<'py>(
-    py: Python<'py>,
-    keys: Vec<Bound<'py, KeyList>>,
-    tables: Vec<Bound<'py, PyList>>,
+/// live block (`kvoffload_core::load_parts`), its keys gathered as `group_ranges` does. Returns
+/// the keys, the GPU blocks the load writes and each loading group's `(group, num_slots,
+/// num_blocks, skip_leading_blocks)`.
+pub(crate) fn load_batch(
+    keys: &[Bound<'_, KeyList>],
+    tables: &[Bound<'_, PyList>],
     first_block: usize,
     num_blocks: usize,
     end_chunk: u64,
     blocks_per_chunk: u64,
-) -> PyResult<LoadAnswer<'py>> {
+) -> PyResult<(GroupBatch, Vec<i64>, Vec<(u32, u64, u64, u64)>)> {
     if keys.len() != tables.len() || blocks_per_chunk == 0 || first_block > num_blocks {
         return Err(PyValueError::new_err(format!(
-            "group_load of {} key lists, {} tables, blocks {first_block}..{num_blocks}, \
+            "a load of {} key lists, {} tables, blocks {first_block}..{num_blocks}, \
              blocks_per_chunk={blocks_per_chunk} is invalid: one table per key list, a block \
              range, blocks_per_chunk >= 1",
             keys.len(),
@@ -296,7 +285,6 @@ pub fn group_load<'py>(
         })
         .map(|&b| b as i64)
         .collect();
-    let (keys, groups, chunks, positions) = batch_answer(py, batch)?;
     let parts = parts
         .iter()
         .map(|p| {
@@ -304,14 +292,7 @@ pub fn group_load<'py>(
             (p.group, slots, p.num_blocks, p.skip_leading_blocks)
         })
         .collect();
-    Ok((
-        keys,
-        groups,
-        chunks,
-        positions,
-        i64_bytes(py, gpu.into_iter())?,
-        parts,
-    ))
+    Ok((batch, gpu, parts))
 }
 
 fn batch_answer(py: Python<'_>, batch: GroupBatch) -> PyResult<OfferBatch<'_>> {
