@@ -2,7 +2,7 @@
 
 use crate::errors::{to_py, KVOffloadError};
 use crate::keys::{bytes_list, i64_bytes, int64_bytes, new_bytes, KeyArg, KeyList};
-use crate::window::{group_kinds, load_batch, offered, GroupSpec, Offer};
+use crate::window::{group_kinds, load_batch, offered, GroupSpec, LoadedPart, Offer};
 use kvoffload_core::{
     lookup_groups, store_blocks, used_keys, Error, EventKind, KeyBuf, KeyStatus, LookupAsk,
     LookupGroup, PolicyKind, Positions, RankedBatch,
@@ -18,7 +18,7 @@ type GroupLoad<'py> = (
     KeyList,
     Bound<'py, PyBytes>,
     Bound<'py, PyBytes>,
-    Vec<(u32, u64, u64, u64)>,
+    Vec<LoadedPart>,
 );
 
 /// The CPU-tier block store. Thread-safe: every call takes an internal lock, with the GIL released

@@ -220,6 +220,9 @@ pub fn group_ranges<'py>(
     batch_answer(py, batch)
 }
 
+/// A loading group's `(group, num_slots, num_blocks, skip_leading_blocks)`.
+pub(crate) type LoadedPart = (u32, u64, u64, u64);
+
 /// A hybrid model's load of GPU blocks `first_block..num_blocks` (of each group's table in
 /// `tables`, with its chunk keys in `keys`) up to chunk `end_chunk`: each group from its first
 /// live block (`kvoffload_core::load_parts`), its keys gathered as `group_ranges` does. Returns
@@ -232,7 +235,7 @@ pub(crate) fn load_batch(
     num_blocks: usize,
     end_chunk: u64,
     blocks_per_chunk: u64,
-) -> PyResult<(GroupBatch, Vec<i64>, Vec<(u32, u64, u64, u64)>)> {
+) -> PyResult<(GroupBatch, Vec<i64>, Vec<LoadedPart>)> {
     if keys.len() != tables.len() || blocks_per_chunk == 0 || first_block > num_blocks {
         return Err(PyValueError::new_err(format!(
             "a load of {} key lists, {} tables, blocks {first_block}..{num_blocks}, \
