@@ -384,11 +384,10 @@ impl Ranked {
         nodes[i as usize].set_rank(rank);
         self.heap.push(Reverse((rank, i)));
         self.live += 1;
-        // Stale entries are at most a quarter of the live ones (plus slack): evictions pop few
-        // of them, and a rebuild (linear) is paid for by the quarter of pushes since the last.
+        // Stale entries are at most twice the live ones (plus slack): rebuilding is linear.
         // A slot freed and taken again at an equal rank leaves equal entries: keep one (a
         // slot's current entries are all equal, its node holding their one rank).
-        if self.heap.len() > self.live as usize + self.live as usize / 4 + 64 {
+        if self.heap.len() > 2 * self.live as usize + 64 {
             let mut kept = vec![false; nodes.len()];
             let current: Vec<_> = self
                 .heap
