@@ -1,7 +1,10 @@
 """`HybridPlanner`: lookups, loads and stores of models with several KV-cache groups.
 
 It decides as vLLM 0.33's `OffloadingConnector` does (`_lookup_complete_chunks`,
-`update_state_after_alloc`, `_build_store_jobs`): full-attention groups are looked up first, then
+`update_state_after_alloc`, `_build_store_jobs`); the lookup and the load are one store call each
+(`CpuStore.lookup_groups`, `CpuStore.load_groups`; the lookup's rules live in the core's
+`hybrid_lookup.rs`), the offer's chunks are picked by `CpuStore.offer_group_store`, the rest is
+here. Full-attention groups are looked up first, then
 window groups by window size, each window group hit only through the chunks its attention reads
 before the boundary, until the hit converges; a hit with a window group stops one token short of
 the request; window groups store only chunks a later hit can reach, and skip chunks whose blocks
@@ -119,8 +122,6 @@ class HybridPlanner:
         """Sliding-window and chunked-local groups, which free blocks while their request runs."""
         self.window_mask = [g.kind != "full" for g in self.groups]
         """Per group: whether the engine may hand its blocks out again while the request runs."""
-        self.has_window = bool(windowed)
-        self.has_state = any(g.kind == "mamba" for g in self.groups)
         self.num_groups = len(self.groups)
 
     def new_state(self) -> list[GroupState]:

@@ -40,7 +40,11 @@ impl LookupGroup<'_> {
             return Some(window);
         }
         let padding = (tpc - num_tokens % tpc) % tpc;
-        let reach = (self.window + self.extra_retained_tokens + padding).saturating_sub(1);
+        let reach = self
+            .window
+            .saturating_add(self.extra_retained_tokens)
+            .saturating_add(padding)
+            .saturating_sub(1);
         Some(window.max(reach.div_ceil(tpc)))
     }
 
@@ -132,8 +136,8 @@ pub fn lookup_groups(
             } else {
                 max_hit
             };
-            // Both positive here: max_hit >= num_local + tpc.
-            let end = (query_max as u64).div_ceil(tpc).min(num_keys as u64);
+            // Positive here (max_hit >= num_local + tpc), and at most the keys' tokens.
+            let end = (query_max + tpc_i - 1).div_euclid(tpc_i).min(num_keys) as u64;
             let extra = u64::from(unverified);
             let hits = match group.window_chunks {
                 None => {
@@ -142,7 +146,8 @@ pub fn lookup_groups(
                     (!waiting).then_some(found as u64)
                 }
                 Some(window) => {
-                    let candidate = (max_hit as u64).min((end - extra) * tpc);
+                    // At most num_tokens: fits.
+                    let candidate = max_hit.min(i128::from(end - extra) * tpc_i) as u64;
                     let first = group
                         .load_window_chunks(candidate, tpc)
                         .expect("a window group has a window");
@@ -347,5 +352,29 @@ mod tests {
             Ok(None)
         );
         assert!(lookup_groups(&mut store, &groups, 0, ask(64, None)).is_err());
+    }
+
+    #[test]
+    fn chunks_near_the_integer_limit_do_not_wrap() {
+        let mut store = Store::new(8, crate::PolicyKind::Lru, false).unwrap();
+        let full = keys(1, 3);
+        stored(&mut store, &full, 0..3);
+        let tpc = 1u64 << 63;
+        // An EAGLE group asks one chunk past a hit of u64::MAX tokens.
+        let eagle = LookupGroup {
+            eagle: true,
+            ..group(&full, GroupKind::Full, 0, tpc)
+        };
+        let hit = lookup_groups(&mut store, &[eagle], tpc, ask(u64::MAX, None));
+        assert_eq!(hit, Ok(Some(u64::MAX)));
+        let sliding = LookupGroup {
+            window: u64::MAX,
+            extra_retained_tokens: u64::MAX,
+            ..group(&full, GroupKind::Sliding, 1, 16)
+        };
+        assert_eq!(
+            sliding.load_window_chunks(1, 16),
+            Some(u64::MAX.div_ceil(16))
+        );
     }
 }

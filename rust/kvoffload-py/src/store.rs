@@ -397,12 +397,25 @@ impl Store {
             end_chunk,
             blocks_per_chunk,
         )?;
+        let loaded: Vec<(usize, Vec<u64>)> = parts
+            .iter()
+            .map(|&(group, num_slots, ..)| {
+                (group as usize, (end_chunk - num_slots..end_chunk).collect())
+            })
+            .collect();
+        // Grown (with zeros: no flag) before anything is pinned, the usual way flagging fails.
+        for (group, _) in &loaded {
+            grow_used(
+                &used[*group],
+                usize::try_from(end_chunk).unwrap_or(usize::MAX),
+            )?;
+        }
         let ranked = Some(RankedBatch {
             rank,
             positions: Positions::Each(&batch.positions),
         });
+        let k = batch.keys.slices(0, batch.keys.len());
         let slots = py.detach(|| -> PyResult<_> {
-            let k = batch.keys.slices(0, batch.keys.len());
             let mut s = self.lock()?;
             let slots = s.prepare_load_ranked(&k, ranked).map_err(to_py)?;
             if touch {
@@ -410,9 +423,15 @@ impl Store {
             }
             Ok(slots)
         })?;
-        for &(group, num_slots, ..) in &parts {
-            let chunks: Vec<u64> = (end_chunk - num_slots..end_chunk).collect();
-            mark_used(&used[group as usize], &chunks)?;
+        let flagged = loaded
+            .iter()
+            .try_for_each(|(group, chunks)| mark_used(&used[*group], chunks));
+        if let Err(err) = flagged {
+            // Another thread resized a flag array meanwhile: the caller gets no job to complete.
+            if let Err(undo) = py.detach(|| self.lock()?.complete_load(&k).map_err(to_py)) {
+                err.set_cause(py, Some(undo));
+            }
+            return Err(err);
         }
         Ok((
             KeyList::from_buf(batch.keys),
@@ -555,23 +574,32 @@ fn ranked(rank: Option<u64>, first_position: i64, each: Option<&[i64]>) -> Optio
     })
 }
 
-/// Flags `chunks` in `used` (one byte per chunk), growing it to hold them.
+/// Grows `used` (one flag byte per chunk) to `need` bytes if shorter, with zeros: the flags
+/// already set stay, none is added.
+fn grow_used(used: &Bound<'_, PyByteArray>, need: usize) -> PyResult<()> {
+    let had = used.len();
+    if had >= need {
+        return Ok(());
+    }
+    used.resize(need)?;
+    // SAFETY: the GIL is held and no Python code runs while the bytes are written, so nothing
+    // else can resize or read the array meanwhile; the range is within its new length.
+    let flags = unsafe { used.as_bytes_mut() };
+    flags[had..].fill(0); // CPython does not zero grown bytes
+    Ok(())
+}
+
+/// Flags `chunks` in `used`, growing it as needed.
 fn mark_used(used: &Bound<'_, PyByteArray>, chunks: &[u64]) -> PyResult<()> {
     let Some(&last) = chunks.iter().max() else {
         return Ok(());
     };
-    let need = usize::try_from(last).map_or(usize::MAX, |c| c.saturating_add(1));
-    let had = used.len();
-    if had < need {
-        used.resize(need)?;
-    }
-    // SAFETY: the GIL is held and no Python code runs while the bytes are written, so nothing
-    // else can resize or read the array meanwhile; every index is below its length.
+    grow_used(
+        used,
+        usize::try_from(last).map_or(usize::MAX, |c| c.saturating_add(1)),
+    )?;
+    // SAFETY: as in `grow_used`; every index is below the length.
     let flags = unsafe { used.as_bytes_mut() };
-    if had < need {
-        // Grown bytes are not zeroed by CPython; the flags already set stay.
-        flags[had..].fill(0);
-    }
     for &c in chunks {
         flags[c as usize] = 1;
     }

@@ -39,22 +39,28 @@ pub(crate) fn group_kinds(specs: &[GroupSpec], num_lists: usize) -> PyResult<Vec
     }
     specs
         .iter()
-        .map(|(kind, window_chunks, ..)| {
-            let kind = match kind.as_str() {
+        .map(|(kind_name, window_chunks, ..)| {
+            let kind = match kind_name.as_str() {
                 "full" => GroupKind::Full,
                 "sliding" => GroupKind::Sliding,
                 "chunked_local" => GroupKind::ChunkedLocal,
                 "mamba" => GroupKind::Mamba,
                 _ => {
                     return Err(PyValueError::new_err(format!(
-                        "kind={kind:?} is invalid; allowed: full, sliding, chunked_local, mamba"
+                        "kind={kind_name:?} is invalid; allowed: full, sliding, chunked_local, \
+                         mamba"
                     )))
                 }
             };
-            if (kind == GroupKind::Full) != window_chunks.is_none() {
+            let valid = match window_chunks {
+                None => kind == GroupKind::Full,
+                Some(w) => kind != GroupKind::Full && *w >= 1,
+            };
+            if !valid {
+                let shown = window_chunks.map_or("None".to_string(), |w| w.to_string());
                 return Err(PyValueError::new_err(format!(
-                    "window_chunks={window_chunks:?} of a {kind:?} group is invalid: None for \
-                     full attention only"
+                    "window_chunks={shown} of a {kind_name} group is invalid; allowed: None for \
+                     full attention, an int >= 1 for a window group",
                 )));
             }
             Ok(kind)
@@ -236,11 +242,15 @@ pub(crate) fn load_batch(
     end_chunk: u64,
     blocks_per_chunk: u64,
 ) -> PyResult<(GroupBatch, Vec<i64>, Vec<LoadedPart>)> {
-    if keys.len() != tables.len() || blocks_per_chunk == 0 || first_block > num_blocks {
+    if keys.len() != tables.len()
+        || blocks_per_chunk == 0
+        || first_block > num_blocks
+        || (num_blocks as u64).div_ceil(blocks_per_chunk) != end_chunk
+    {
         return Err(PyValueError::new_err(format!(
             "a load of {} key lists, {} tables, blocks {first_block}..{num_blocks}, \
-             blocks_per_chunk={blocks_per_chunk} is invalid: one table per key list, a block \
-             range, blocks_per_chunk >= 1",
+             blocks_per_chunk={blocks_per_chunk}, end_chunk={end_chunk} is invalid: one table per \
+             key list, a block range, blocks_per_chunk >= 1, the chunk of the last block + 1",
             keys.len(),
             tables.len()
         )));
