@@ -333,7 +333,7 @@ def _print_table(request):
 def taking_turns(rounds: int, trace: Trace, model_dir: str) -> dict[str, Run]:
     """Each connector's run with the least hook time, the two taking turns: this machine is
     shared and noise only adds time, and a run leaves the process fuller for the next one (run
-    second, either connector measured slower)."""
+    after vLLM's three rounds, ours measured a few ms slower)."""
     best: dict[str, Run] = {}
     for _ in range(rounds):
         for connector in ("vllm", "kvoffload"):
