@@ -68,7 +68,8 @@ pub(crate) fn group_kinds(specs: &[GroupSpec], num_lists: usize) -> PyResult<Vec
         .collect()
 }
 
-/// `LookupGroup::load_window_chunks` of a group given as `Store.lookup_groups` takes it.
+/// `LookupGroup::load_window_chunks` of a group given as `Store.lookup_groups` takes it (for the
+/// tests that compare the core's rule with vLLM's own).
 #[pyfunction]
 pub fn load_window_chunks(
     spec: GroupSpec,
@@ -88,7 +89,8 @@ pub fn load_window_chunks(
     Ok(group.load_window_chunks(num_tokens, tokens_per_chunk))
 }
 
-/// `kvoffload_core::window_hits` of one status byte per key (0 absent, 1 pending, 2 ready).
+/// `kvoffload_core::window_hits` of one status byte per key (0 absent, 1 pending, 2 ready), for
+/// the tests that compare the core's rule with vLLM's own.
 #[pyfunction]
 pub fn window_hits(status: &[u8], window: usize, first_window: usize) -> PyResult<Option<usize>> {
     let status = status
