@@ -1,15 +1,14 @@
 """`HybridPlanner`: lookups, loads and stores of models with several KV-cache groups.
 
 It decides as vLLM 0.33's `OffloadingConnector` does (`_lookup_complete_chunks`,
-`update_state_after_alloc`, `_build_store_jobs`); the lookup and the load are one store call each
-(`CpuStore.lookup_groups`, `CpuStore.load_groups`; the lookup's rules live in the core's
-`hybrid_lookup.rs`), the offer's chunks are picked by `CpuStore.offer_group_store`, the rest is
-here. Full-attention groups are looked up first, then
+`update_state_after_alloc`, `_build_store_jobs`): full-attention groups are looked up first, then
 window groups by window size, each window group hit only through the chunks its attention reads
 before the boundary, until the hit converges; a hit with a window group stops one token short of
 the request; window groups store only chunks a later hit can reach, and skip chunks whose blocks
 they freed. Block id 0 is the engine's null block (vLLM reserves it): a window group's table holds
-it where the group keeps no KV.
+it where the group keeps no KV. The lookup and the load are one store call each
+(`CpuStore.lookup_groups`, whose rules live in the core's `hybrid_lookup.rs`, and
+`CpuStore.load_groups`), and `CpuStore.offer_group_store` picks an offer's chunks.
 
 A Mamba group ("align" mode, `_build_aligned_boundary_store_jobs`) is looked up as a window of one
 chunk, and its hits end on a chunk; its table is not positionally stable (the engine moves the
