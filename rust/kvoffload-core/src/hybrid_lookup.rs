@@ -16,11 +16,9 @@ pub enum GroupKind {
     Mamba,
 }
 
-/// One group of a request, as the lookup sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct LookupGroup<'a> {
-    /// The request's chunk keys of this group, from chunk 0.
-    pub keys: &'a KeyBuf,
+/// A group's rule: which of its chunks a hit reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupRule {
     pub kind: GroupKind,
     /// Chunks a hit needs before its boundary; `None`: the whole prefix (full attention).
     pub window_chunks: Option<u64>,
@@ -31,7 +29,7 @@ pub struct LookupGroup<'a> {
     pub eagle: bool,
 }
 
-impl LookupGroup<'_> {
+impl GroupRule {
     /// Chunks a hit ending at `num_tokens` loads: a sliding group's allocation keeps the window
     /// ending at the hit, which may reach one chunk further left than the lookup's.
     pub fn load_window_chunks(&self, num_tokens: u64, tpc: u64) -> Option<u64> {
@@ -47,7 +45,17 @@ impl LookupGroup<'_> {
             .saturating_sub(1);
         Some(window.max(reach.div_ceil(tpc)))
     }
+}
 
+/// One group of a request, as the lookup sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct LookupGroup<'a> {
+    /// The request's chunk keys of this group, from chunk 0.
+    pub keys: &'a KeyBuf,
+    pub rule: GroupRule,
+}
+
+impl LookupGroup<'_> {
     fn slices(&self, start: u64, end: u64) -> Result<Vec<&[u8]>> {
         if start > end || end > self.keys.len() as u64 {
             return Err(Error::InvalidArgument {
@@ -86,12 +94,12 @@ pub fn lookup_groups(
             allowed: ">= 1",
         });
     }
-    let full = (0..groups.len()).filter(|&g| groups[g].window_chunks.is_none());
+    let full = (0..groups.len()).filter(|&g| groups[g].rule.window_chunks.is_none());
     let mut windowed: Vec<usize> = (0..groups.len())
-        .filter(|&g| groups[g].window_chunks.is_some())
+        .filter(|&g| groups[g].rule.window_chunks.is_some())
         .collect();
     // Larger windows first (a stable sort: ties keep the group order).
-    windowed.sort_by_key(|&g| std::cmp::Reverse(groups[g].window_chunks));
+    windowed.sort_by_key(|&g| std::cmp::Reverse(groups[g].rule.window_chunks));
     let order: Vec<usize> = full.chain(windowed.iter().copied()).collect();
 
     // Signed and wide: a cap past the prompt, or the step back of one token, may go below 0.
@@ -106,7 +114,7 @@ pub fn lookup_groups(
     if !windowed.is_empty() {
         // The last prompt token is recomputed for its logits: keep a hit after that.
         max_hit -= 1;
-        if groups.iter().any(|g| g.kind == GroupKind::Mamba) {
+        if groups.iter().any(|g| g.rule.kind == GroupKind::Mamba) {
             // A state is stored only on a chunk boundary.
             max_hit = floor(max_hit);
         }
@@ -122,7 +130,7 @@ pub fn lookup_groups(
         for &gi in current {
             let group = &groups[gi];
             let num_keys = group.keys.len() as i128;
-            let unverified = group.eagle && !eagle_verified[gi];
+            let unverified = group.rule.eagle && !eagle_verified[gi];
             max_hit = max_hit.min(num_keys * tpc_i);
             if capped {
                 max_hit = floor(max_hit);
@@ -139,7 +147,7 @@ pub fn lookup_groups(
             // Positive here (max_hit >= num_local + tpc), and at most the keys' tokens.
             let end = (query_max + tpc_i - 1).div_euclid(tpc_i).min(num_keys) as u64;
             let extra = u64::from(unverified);
-            let hits = match group.window_chunks {
+            let hits = match group.rule.window_chunks {
                 None => {
                     // Stops at the first key not ready: one being stored defers.
                     let (found, waiting) = store.lookup_prefix(&group.slices(start, end)?)?;
@@ -149,6 +157,7 @@ pub fn lookup_groups(
                     // At most num_tokens: fits.
                     let candidate = max_hit.min(i128::from(end - extra) * tpc_i) as u64;
                     let first = group
+                        .rule
                         .load_window_chunks(candidate, tpc)
                         .expect("a window group has a window");
                     window_lookup(store, group, start, end, window + extra, first + extra)?
@@ -170,7 +179,7 @@ pub fn lookup_groups(
                 return Ok(Some(0));
             }
             if new_hit < num_hit {
-                if !group.eagle {
+                if !group.rule.eagle {
                     eagle_verified.fill(false);
                 }
                 if deferred {
@@ -182,7 +191,7 @@ pub fn lookup_groups(
                     pending = &windowed;
                 }
             }
-            looked_up_window |= group.window_chunks.is_some();
+            looked_up_window |= group.rule.window_chunks.is_some();
             num_hit = new_hit;
         }
     }
@@ -251,7 +260,7 @@ fn any_being_loaded(
     let end_tokens = num_local + num_hit;
     let (start, end) = (num_local / tpc, end_tokens.div_ceil(tpc));
     for group in groups {
-        let first = match group.load_window_chunks(end_tokens, tpc) {
+        let first = match group.rule.load_window_chunks(end_tokens, tpc) {
             Some(window) => start.max(end.saturating_sub(window)),
             None => start,
         };
@@ -291,14 +300,20 @@ mod tests {
         store.complete_store(&k, true).unwrap();
     }
 
-    fn group(keys: &KeyBuf, kind: GroupKind, window: u64, tpc: u64) -> LookupGroup<'_> {
-        LookupGroup {
-            keys,
+    fn rule(kind: GroupKind, window: u64, tpc: u64) -> GroupRule {
+        GroupRule {
             kind,
             window_chunks: (kind != GroupKind::Full).then(|| window.div_ceil(tpc)),
             window,
             extra_retained_tokens: 0,
             eagle: false,
+        }
+    }
+
+    fn group(keys: &KeyBuf, kind: GroupKind, window: u64, tpc: u64) -> LookupGroup<'_> {
+        LookupGroup {
+            keys,
+            rule: rule(kind, window, tpc),
         }
     }
 
@@ -362,15 +377,18 @@ mod tests {
         let tpc = 1u64 << 63;
         // An EAGLE group asks one chunk past a hit of u64::MAX tokens.
         let eagle = LookupGroup {
-            eagle: true,
-            ..group(&full, GroupKind::Full, 0, tpc)
+            keys: &full,
+            rule: GroupRule {
+                eagle: true,
+                ..rule(GroupKind::Full, 0, tpc)
+            },
         };
         let hit = lookup_groups(&mut store, &[eagle], tpc, ask(u64::MAX, None));
         assert_eq!(hit, Ok(Some(u64::MAX)));
-        let sliding = LookupGroup {
+        let sliding = GroupRule {
             window: u64::MAX,
             extra_retained_tokens: u64::MAX,
-            ..group(&full, GroupKind::Sliding, 1, 16)
+            ..rule(GroupKind::Sliding, 1, 16)
         };
         assert_eq!(
             sliding.load_window_chunks(1, 16),

@@ -29,7 +29,7 @@ pub use groups::{
     load_parts, offer_batch, range_batch, store_blocks, used_keys, GroupBatch, GroupOffer,
     LoadPart, StoreBlocks,
 };
-pub use hybrid_lookup::{lookup_groups, window_hits, GroupKind, LookupAsk, LookupGroup};
+pub use hybrid_lookup::{lookup_groups, window_hits, GroupKind, GroupRule, LookupAsk, LookupGroup};
 pub use key::{validate_keys, MAX_KEY_LEN, OLD_PUBLIC_SEED};
 pub use keybuf::KeyBuf;
 pub use policy::{PolicyKind, Rank, POLICY_NAMES};

@@ -2,7 +2,7 @@
 
 use crate::errors::{to_py, KVOffloadError};
 use crate::keys::{bytes_list, i64_bytes, int64_bytes, new_bytes, KeyArg, KeyList};
-use crate::window::{group_kinds, load_batch, offered, GroupSpec, LoadedPart, Offer};
+use crate::window::{group_rules, load_batch, offered, GroupSpec, LoadedPart, Offer};
 use kvoffload_core::{
     lookup_groups, store_blocks, used_keys, Error, EventKind, KeyBuf, KeyStatus, LookupAsk,
     LookupGroup, PolicyKind, Positions, RankedBatch,
@@ -303,7 +303,7 @@ impl Store {
         max_load_tokens: Option<u64>,
         loads_in_flight: bool,
     ) -> PyResult<Option<u64>> {
-        let kinds = group_kinds(&specs, keys.len())?;
+        let rules = group_rules(&specs, keys.len())?;
         let lists: Vec<&KeyList> = keys.iter().map(|k| k.get()).collect();
         let ask = LookupAsk {
             num_local,
@@ -318,16 +318,8 @@ impl Store {
                 .collect::<PyResult<Vec<_>>>()?;
             let groups: Vec<LookupGroup<'_>> = guards
                 .iter()
-                .zip(&specs)
-                .zip(kinds)
-                .map(|((keys, spec), kind)| LookupGroup {
-                    keys,
-                    kind,
-                    window_chunks: spec.1,
-                    window: spec.2,
-                    extra_retained_tokens: spec.3,
-                    eagle: spec.4,
-                })
+                .zip(rules)
+                .map(|(keys, rule)| LookupGroup { keys, rule })
                 .collect();
             lookup_groups(&mut *self.lock()?, &groups, tokens_per_chunk, ask).map_err(to_py)
         })

@@ -5,8 +5,8 @@ use crate::errors::to_py;
 use crate::ids::{block_slice, block_vec};
 use crate::keys::{i64_bytes, new_bytes, KeyList};
 use kvoffload_core::{
-    load_parts, offer_batch, range_batch, GroupBatch, GroupKind, GroupOffer, KeyBuf, KeyStatus,
-    LookupGroup, WindowReach,
+    load_parts, offer_batch, range_batch, GroupBatch, GroupKind, GroupOffer, GroupRule, KeyBuf,
+    KeyStatus, WindowReach,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -28,9 +28,9 @@ fn window_reach(reach: &Reach) -> WindowReach<'_> {
 /// extra_retained_tokens, eagle)` (the Python `KVGroup`'s fields and its window in chunks).
 pub(crate) type GroupSpec = (String, Option<u64>, u64, u64, bool);
 
-/// Each spec's kind, or a ValueError when a kind is unknown, or the specs are not one per key
-/// list.
-pub(crate) fn group_kinds(specs: &[GroupSpec], num_lists: usize) -> PyResult<Vec<GroupKind>> {
+/// Each spec as a `GroupRule`, or a ValueError when a kind is unknown, a window does not fit
+/// its kind, or the specs are not one per key list.
+pub(crate) fn group_rules(specs: &[GroupSpec], num_lists: usize) -> PyResult<Vec<GroupRule>> {
     if specs.len() != num_lists {
         return Err(PyValueError::new_err(format!(
             "specs has {} groups for {num_lists} key lists: expected one per key list",
@@ -39,36 +39,44 @@ pub(crate) fn group_kinds(specs: &[GroupSpec], num_lists: usize) -> PyResult<Vec
     }
     specs
         .iter()
-        .map(|(kind_name, window_chunks, ..)| {
-            let kind = match kind_name.as_str() {
-                "full" => GroupKind::Full,
-                "sliding" => GroupKind::Sliding,
-                "chunked_local" => GroupKind::ChunkedLocal,
-                "mamba" => GroupKind::Mamba,
-                _ => {
-                    return Err(PyValueError::new_err(format!(
+        .map(
+            |(kind_name, window_chunks, window, extra_retained_tokens, eagle)| {
+                let kind = match kind_name.as_str() {
+                    "full" => GroupKind::Full,
+                    "sliding" => GroupKind::Sliding,
+                    "chunked_local" => GroupKind::ChunkedLocal,
+                    "mamba" => GroupKind::Mamba,
+                    _ => {
+                        return Err(PyValueError::new_err(format!(
                         "kind={kind_name:?} is invalid; allowed: full, sliding, chunked_local, \
                          mamba"
                     )))
-                }
-            };
-            let valid = match window_chunks {
-                None => kind == GroupKind::Full,
-                Some(w) => kind != GroupKind::Full && *w >= 1,
-            };
-            if !valid {
-                let shown = window_chunks.map_or("None".to_string(), |w| w.to_string());
-                return Err(PyValueError::new_err(format!(
+                    }
+                };
+                let valid = match window_chunks {
+                    None => kind == GroupKind::Full,
+                    Some(w) => kind != GroupKind::Full && *w >= 1,
+                };
+                if !valid {
+                    let shown = window_chunks.map_or("None".to_string(), |w| w.to_string());
+                    return Err(PyValueError::new_err(format!(
                     "window_chunks={shown} of a {kind_name} group is invalid; allowed: None for \
                      full attention, an int >= 1 for a window group",
                 )));
-            }
-            Ok(kind)
-        })
+                }
+                Ok(GroupRule {
+                    kind,
+                    window_chunks: *window_chunks,
+                    window: *window,
+                    extra_retained_tokens: *extra_retained_tokens,
+                    eagle: *eagle,
+                })
+            },
+        )
         .collect()
 }
 
-/// `LookupGroup::load_window_chunks` of a group given as `Store.lookup_groups` takes it (for the
+/// `GroupRule::load_window_chunks` of a group given as `Store.lookup_groups` takes it (for the
 /// tests that compare the core's rule with vLLM's own).
 #[pyfunction]
 pub fn load_window_chunks(
@@ -76,17 +84,8 @@ pub fn load_window_chunks(
     num_tokens: u64,
     tokens_per_chunk: u64,
 ) -> PyResult<Option<u64>> {
-    let kind = group_kinds(std::slice::from_ref(&spec), 1)?[0];
-    let keys = KeyBuf::new();
-    let group = LookupGroup {
-        keys: &keys,
-        kind,
-        window_chunks: spec.1,
-        window: spec.2,
-        extra_retained_tokens: spec.3,
-        eagle: spec.4,
-    };
-    Ok(group.load_window_chunks(num_tokens, tokens_per_chunk))
+    let rule = group_rules(std::slice::from_ref(&spec), 1)?[0];
+    Ok(rule.load_window_chunks(num_tokens, tokens_per_chunk))
 }
 
 /// `kvoffload_core::window_hits` of one status byte per key (0 absent, 1 pending, 2 ready), for
