@@ -346,29 +346,12 @@ impl KeyList {
         blocks_per_chunk: usize,
         group_idx: u32,
     ) -> PyResult<usize> {
-        // The keys of the chunks past those here now are made with the GIL (converting to a
-        // list can run Python code); the locks are waited for without it. The length is checked
-        // again under the write lock, in one scope with the append, so chunks a concurrent
-        // extender appended meanwhile are skipped rather than appended twice.
-        let list = as_list(block_hashes, "block_hashes")?;
-        let seen = py.detach(|| self.read().map(|b| b.len()))?;
-        let first_block = seen.saturating_mul(blocks_per_chunk);
-        // SAFETY: the slices are used below, before any Python code can run.
-        let tail = unsafe { list_bytes(&list, first_block, "block_hashes")? };
-        let fresh =
-            KeyBuf::chunk_keys(&tail, blocks_per_chunk, group_idx, first_block).map_err(to_py)?;
-        py.detach(|| {
-            let mut buf = self.write()?;
-            let skip = buf.len() - seen;
-            buf.append_from(&fresh, skip);
-            Ok(fresh.len().saturating_sub(skip))
-        })
+        extend_keys(py, &[(self, group_idx)], block_hashes, blocks_per_chunk)
     }
 }
 
 /// `KeyList.extend_chunk_keys` of every group of a hybrid model at once: `lists[g]` takes the
-/// keys of group `g`. The hashes are read once for all groups (past the chunks the shortest list
-/// has), which is most of the cost. Returns how many keys were added in all.
+/// keys of group `g`, all from one read of the hashes. Returns how many keys were added in all.
 #[pyfunction]
 pub fn extend_group_keys(
     py: Python<'_>,
@@ -376,35 +359,47 @@ pub fn extend_group_keys(
     block_hashes: &Bound<'_, PyAny>,
     blocks_per_chunk: usize,
 ) -> PyResult<usize> {
-    let lists: Vec<&KeyList> = lists.iter().map(|l| l.get()).collect();
+    let lists: Vec<(&KeyList, u32)> = lists
+        .iter()
+        .enumerate()
+        .map(|(g, l)| (l.get(), g as u32))
+        .collect();
+    extend_keys(py, &lists, block_hashes, blocks_per_chunk)
+}
+
+/// Appends to each `(list, group_idx)` the keys of the complete chunks `block_hashes` has past
+/// the chunks the list has; the hashes past the shortest list are read once for all. Every
+/// list's keys are made (with the GIL: converting to a list can run Python code) before any
+/// list changes, so an error changes none of them; the locks are waited for without the GIL.
+/// A list's length is checked again under its write lock, in one scope with the append, so
+/// chunks a concurrent extender appended meanwhile are skipped rather than appended twice.
+fn extend_keys(
+    py: Python<'_>,
+    lists: &[(&KeyList, u32)],
+    block_hashes: &Bound<'_, PyAny>,
+    blocks_per_chunk: usize,
+) -> PyResult<usize> {
+    let hashes = as_list(block_hashes, "block_hashes")?;
     let seen = lists
         .iter()
-        .map(|l| py.detach(|| l.read().map(|b| b.len())))
+        .map(|(l, _)| py.detach(|| l.read().map(|b| b.len())))
         .collect::<PyResult<Vec<_>>>()?;
     let Some(&least) = seen.iter().min() else {
         return Ok(0);
     };
-    let hashes = as_list(block_hashes, "block_hashes")?;
     let first_block = least.saturating_mul(blocks_per_chunk);
     // SAFETY: the slices are used below, before any Python code can run.
     let tail = unsafe { list_bytes(&hashes, first_block, "block_hashes")? };
-    // Every group's keys are made before any list changes, so an error changes none of them.
     let mut fresh = Vec::with_capacity(lists.len());
-    for (group, &n) in seen.iter().enumerate() {
+    for (&(_, group), &n) in lists.iter().zip(&seen) {
         let skip = ((n - least) * blocks_per_chunk).min(tail.len());
-        let keys = KeyBuf::chunk_keys(
-            &tail[skip..],
-            blocks_per_chunk,
-            group as u32,
-            first_block + skip,
-        )
-        .map_err(to_py)?;
+        let keys = KeyBuf::chunk_keys(&tail[skip..], blocks_per_chunk, group, first_block + skip)
+            .map_err(to_py)?;
         fresh.push(keys);
     }
     py.detach(|| {
         let mut added = 0;
-        for ((list, keys), &n) in lists.iter().zip(&fresh).zip(&seen) {
-            // As in `extend_chunk_keys`: chunks appended meanwhile are skipped.
+        for ((&(list, _), keys), &n) in lists.iter().zip(&fresh).zip(&seen) {
             let mut buf = list.write()?;
             let skip = buf.len() - n;
             buf.append_from(keys, skip);
