@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kvoffload.scheduler import (
+    BlockSet,
     GroupSlice,
     KVGroup,
     OffloadConfig,
@@ -107,6 +108,58 @@ def test_bad_reallocated_blocks_are_refused_in_any_container(bad):
     assert s.plan_step([], reallocated_block_ids={3, 4}).flush_job_ids == []
 
 
+def realloc_case(realloc) -> list[int]:
+    """ "a" (every chunk boundary kept) computes chunk 0, then chunk 1 with `realloc` handed out
+    again in the same schedule: the window group's blocks of chunk 1, taken before that
+    schedule, that the engine gave to another request, are not read. Returns the second store's
+    (group, chunk) pairs."""
+    s = scheduler(retention_interval=None)
+    s.add_request("a", 24)
+    assert s.lookup("a", 0, 24, HASHES) == 0
+    s.on_allocated("a", [[11, 12, 13, 14, 15, 16], [1, 2, 3, 4, 5, 6]])
+    (first,) = s.plan_step([RequestUpdate("a", 12, 24, block_hashes=HASHES)]).store_jobs
+    assert first.chunk_indices.tolist() == [0, 0]
+    plan = s.plan_step([RequestUpdate("a", 24, 24)], reallocated_block_ids=realloc)
+    assert plan.flush_job_ids == []  # chunk 0's store reads neither block
+    (job,) = plan.store_jobs
+    groups = [p.group for p in job.parts for _ in range(p.num_slots)]
+    return list(zip(groups, job.chunk_indices.tolist(), strict=True))
+
+
+def test_a_window_block_handed_out_again_is_not_stored():
+    # Chunk 1 of the sliding group is read through blocks 15 and 16 (the 7 tokens before 24).
+    assert realloc_case([]) == [(0, 1), (1, 1)]
+    assert realloc_case([14]) == [(0, 1), (1, 1)]  # a block no hit reads: stored anyway
+    assert realloc_case([15, 99]) == [(1, 1)]
+    blocks = BlockSet()
+    blocks.add([16, 3])
+    assert realloc_case(blocks) == [(1, 1)]  # the full group's blocks are held by "a"
+
+
+def test_block_set_answers_membership_and_nulls_tables_in_place():
+    blocks = BlockSet()
+    blocks.add([7, 3, 7])
+    blocks.add((1 << 40, 0))
+    blocks.discard(0)
+    blocks.discard(12345)  # absent: nothing changes
+    assert len(blocks) == 3 and 3 in blocks and (1 << 40) in blocks
+    assert 4 not in blocks and "3" not in blocks and -3 not in blocks
+    assert blocks.to_list() == [3, 7, 1 << 40]
+    assert blocks.intersection({7: "a", 8: "b", 3: "c"}) == [3, 7]
+    table = [3, 9, 7, 3, 0]
+    assert blocks.null_members(table, 1) == 2
+    assert table == [3, 9, 0, 0, 0]
+    assert blocks.null_members(table, 10) == 0
+
+
+@pytest.mark.parametrize("bad", [[1, -2], [True], [2.5], (1, "x"), [2**63]])
+def test_block_set_refuses_what_is_not_a_block_id_and_adds_nothing(bad):
+    blocks = BlockSet()
+    with pytest.raises(ValueError, match=r"new_blocks\[\d\] is invalid: expected an int >= 0"):
+        blocks.add(bad, "new_blocks")
+    assert len(blocks) == 0
+
+
 def test_a_local_prefix_of_part_of_a_block_is_refused():
     s = stored(scheduler())
     s.add_request("b", 24)
@@ -162,3 +215,14 @@ def test_bad_groups_stop_construction_naming_the_parameter(kw, match):
 def test_bad_group_specs_are_refused(group, match):
     with pytest.raises(ValueError, match=match):
         KVGroup(**group)
+
+
+def test_block_tables_copies_only_the_plain_shape():
+    from kvoffload import _rust
+
+    given = ([4, 5], (6, 7))
+    tables = _rust.block_tables(given, 2)
+    assert tables == [[4, 5], [6, 7]] and tables[0] is not given[0]
+    # Anything else is for the caller to explain (`on_allocated`'s messages).
+    for odd in ([[4, 5], [6]], [[4, 5]], [4, 5], [[True], [1]], [[-1], [1]], {1: [2]}, "ab"):
+        assert _rust.block_tables(odd, 2) is None

@@ -1,5 +1,6 @@
 """The engine-agnostic scheduler side: per-request offload state, lookups and job planning."""
 
+from kvoffload._rust import BlockSet
 from kvoffload.scheduler.config import OffloadConfig
 from kvoffload.scheduler.groups import KVGroup
 from kvoffload.scheduler.hybrid import GroupSlice
@@ -17,6 +18,7 @@ from kvoffload.scheduler.scheduler import OffloadScheduler
 from kvoffload.scheduler.stats import SchedulerStats
 
 __all__ = [
+    "BlockSet",
     "FinishPlan",
     "GroupSlice",
     "JobResult",

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvoffload import _rust
+from kvoffload._rust import BlockSet
 from kvoffload.scheduler.groups import KVGroup, cdiv
 from kvoffload.store import CpuStore, GroupOffer, KeyList
 
@@ -254,19 +255,12 @@ class HybridPlanner:
             return None
         return self.batch(states, [(group, chunk, chunk + 1)])
 
-    def drop_reallocated(self, states: list[GroupState], realloc: set[int]) -> None:
+    def drop_reallocated(self, states: list[GroupState], realloc: BlockSet) -> None:
         """A window group frees blocks behind its window while the request runs: ids of them the
         engine handed out again (`realloc`) no longer hold this request's KV, so the chunks not
         yet offered must not read them. Call it before this step's new blocks are appended."""
-        bpc = self.bpc
         for gi in self._freeing:
-            table = states[gi].block_ids
-            first = states[gi].next_stored * bpc
-            if first >= len(table) or realloc.isdisjoint(table[first:]):
-                continue
-            for j in range(first, len(table)):
-                if table[j] in realloc:
-                    table[j] = NULL_BLOCK
+            realloc.null_members(states[gi].block_ids, states[gi].next_stored * self.bpc)
 
     def window_groups(self) -> tuple[int, ...]:
         """The sliding-window and chunked-local groups: they free blocks their stores read."""

@@ -30,6 +30,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from kvoffload import _rust
+from kvoffload._rust import BlockSet
 from kvoffload.scheduler.config import OffloadConfig
 from kvoffload.scheduler.groups import KVGroup
 from kvoffload.scheduler.hybrid import (
@@ -106,6 +107,13 @@ def _block_ids(name: str, values: Sequence[int] | IntArray) -> IntArray:
             f"{name}={_short(values)} is invalid: expected a sequence of ints >= 0 (GPU block ids)"
         )
     return ids.astype(np.int64, copy=False)
+
+
+def _realloc_set(values: Iterable[int]) -> BlockSet:
+    """`values` as a `BlockSet`, or a ValueError naming `reallocated_block_ids`."""
+    blocks = BlockSet()
+    blocks.add(_block_ids("reallocated_block_ids", list(values)).tolist())
+    return blocks
 
 
 def _block_list(name: str, values: Sequence[int] | IntArray) -> list[int]:
@@ -436,12 +444,13 @@ class OffloadScheduler:
     def plan_step(
         self,
         updates: Iterable[RequestUpdate],
-        reallocated_block_ids: Iterable[int] = (),
+        reallocated_block_ids: Iterable[int] | BlockSet = (),
         state_blocks: Iterable[StateBlock] = (),
     ) -> StepPlan:
         """Call when the engine has scheduled a step, before its forward pass runs: `updates`
         say what the step computes for each running request (and the blocks allocated to it in
-        this schedule), `reallocated_block_ids` every GPU block handed out in this schedule,
+        this schedule), `reallocated_block_ids` every GPU block handed out in this schedule
+        (any iterable of ids, or a `BlockSet`, which an engine fills as it goes),
         `state_blocks` the Mamba states committed in it (one store each, before the others, as
         vLLM plans them). Returns the stores to submit and the in-flight jobs (stores or loads)
         that touch a reallocated block: wait for those before the forward pass overwrites it.
@@ -451,22 +460,21 @@ class OffloadScheduler:
 
         The whole batch is checked before anything changes: a bad update raises and plans
         nothing."""
-        given = reallocated_block_ids
-        if type(given) is set and self.hybrid is not None and _rust.are_block_ids(given):
-            # The engine's set of thousands of ids, kept as it is: only membership is asked.
-            realloc, realloc_set = _NO_BLOCKS, given
-        else:
-            realloc = _block_ids("reallocated_block_ids", list(given))
-            realloc_set = set(realloc.tolist())
+        # The engine's thousands of ids in a BlockSet were checked as it added them.
+        blocks = (
+            reallocated_block_ids
+            if isinstance(reallocated_block_ids, BlockSet)
+            else _realloc_set(reallocated_block_ids)
+        )
         checked = [self._check_update(u) for u in updates]
         ids = [c.req.request_id for c in checked]
         if len(set(ids)) != len(ids):
             raise ValueError(f"updates name a request twice: {sorted(ids)}")
         states = [self._check_state(b) for b in state_blocks]
         if self.hybrid is None:
-            flush = self._jobs_touching(realloc)
+            flush = self._jobs_touching(np.asarray(blocks.to_list(), dtype=np.int64))
         else:
-            flush = self._plan_reallocation(realloc_set)
+            flush = self._plan_reallocation(blocks)
         promotions, cascades = (
             ([], []) if self.shared_tier is None else self.shared_tier.take_jobs()
         )
@@ -786,6 +794,9 @@ class OffloadScheduler:
         n = self.hybrid.num_groups
         if empty_ok and len(values) == 0:
             return []
+        tables = _rust.block_tables(values, n)
+        if tables is not None:
+            return tables  # vLLM's tables: checked and copied in one call
         allowed = f"expected {n} sequences of GPU block ids, one per KV-cache group"
         if type(values) not in (list, tuple) and (
             not isinstance(values, Sequence) or isinstance(values, (str, bytes))
@@ -974,7 +985,7 @@ class OffloadScheduler:
         part = GroupSlice(group, 1, 1, self.config.blocks_per_chunk - 1)
         return StoreJob(job_id, req.request_id, plan.keys, plan.slots, src, batch.chunks, (part,))
 
-    def _plan_reallocation(self, realloc: set[int]) -> list[int]:
+    def _plan_reallocation(self, realloc: BlockSet) -> list[int]:
         """The stores in flight reading a window block handed out again (wait for them), and
         the tables that must not be read there any more (`HybridPlanner.drop_reallocated`);
         before this step's new blocks are appended."""
@@ -982,7 +993,7 @@ class OffloadScheduler:
         window = self.hybrid.window_groups()
         reads = self._window_reads
         # Few blocks are read by stores in flight, and many handed out: intersect from the few.
-        flush = sorted({j for b in reads.keys() & realloc for j in reads[b]}) if reads else []
+        flush = sorted({j for b in realloc.intersection(reads) for j in reads[b]}) if reads else []
         for rid in list(self._tabled):
             req = self._requests.get(rid)
             if req is None or req.finished:

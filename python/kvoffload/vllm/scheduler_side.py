@@ -14,6 +14,7 @@ from vllm.v1.request import RequestStatus
 
 from kvoffload.remote import RemoteClient, RemoteLookups, SeedCanary
 from kvoffload.scheduler import (
+    BlockSet,
     LoadJob,
     OffloadScheduler,
     RequestUpdate,
@@ -76,7 +77,7 @@ class SchedulerSide:
         # read by the stores still to plan, and fence the ones in flight.
         self._watch_reallocation = any(g.kind != "full" for g in settings.groups)
         self._has_state = any(g.kind == "mamba" for g in settings.groups)
-        self._allocated_blocks: set[int] = set()
+        self._allocated_blocks = BlockSet()
         self._requests: dict[str, Request] = {}
         self._reports = KVOffloadWorkerMetadata()
         """Jobs some but not all workers reported."""
@@ -132,7 +133,7 @@ class SchedulerSide:
         tables = blocks.get_block_ids()
         if self._watch_reallocation:
             for table in tables:
-                self._allocated_blocks.update(table)
+                self._allocated_blocks.add(table)
         block_ids = tables if self._hybrid else tables[0]
         load = self.scheduler.on_allocated(request.request_id, block_ids, num_external_tokens)
         self._allocated.add(request.request_id)
@@ -154,7 +155,7 @@ class SchedulerSide:
         self._allocated = set()
         # Requests in vLLM's order (running, then new), so that the store decides as vLLM's does.
         blocks = {rid: (g, full) for rid, g, full in yield_req_data(scheduler_output)}
-        allocated, self._allocated_blocks = self._allocated_blocks, set()
+        allocated, self._allocated_blocks = self._allocated_blocks, BlockSet()
         updates = []
         for rid, num_scheduled in scheduler_output.num_scheduled_tokens.items():
             request = self._requests[rid]
@@ -165,7 +166,7 @@ class SchedulerSide:
                 new_blocks = groups if self._hybrid else groups[0]
                 if self._watch_reallocation:
                     for table in groups:
-                        allocated.update(table)
+                        allocated.add(table)
             # Speculative drafts are scheduled past num_tokens; their KV may be rejected.
             computed = min(request.num_computed_tokens + num_scheduled, request.num_tokens)
             updates.append(
@@ -179,8 +180,9 @@ class SchedulerSide:
                 )
             )
         if self._watch_reallocation:
-            for copy in scheduler_output.kv_cache_block_copies or ():
-                allocated.add(copy.dst_block_id)
+            copies = scheduler_output.kv_cache_block_copies
+            if copies:
+                allocated.add([copy.dst_block_id for copy in copies])
             allocated.discard(0)  # the null block
         step = self.scheduler.plan_step(updates, allocated, self._state_blocks(scheduler_output))
         flush.extend(step.flush_job_ids)

@@ -4,6 +4,7 @@
 //! The Python package reaches this crate through the thin `kvoffload-py` binding; nothing here
 //! knows about Python.
 
+mod blockset;
 mod chunk;
 mod error;
 mod events;
@@ -20,6 +21,7 @@ mod store;
 pub mod testing;
 mod window;
 
+pub use blockset::BlockSet;
 pub use chunk::{
     load_window, loadable_tokens, storable_chunks, LoadWindow, StoreBounds, GROUP_SUFFIX_LEN,
 };

@@ -96,3 +96,140 @@ pub(crate) fn block_slice(
     }
     Ok(ids)
 }
+
+/// The ids of `values` (a list, or any iterable of ints in `0..2**63`); `what` names the
+/// argument in errors.
+fn any_block_vec(values: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    if let Ok(list) = values.cast::<PyList>() {
+        return block_vec(list, what);
+    }
+    let mut ids = Vec::new();
+    for (i, item) in values.try_iter()?.enumerate() {
+        let item = item?;
+        // SAFETY: the GIL is held and `item` keeps the object alive.
+        let Some(id) = (unsafe { block_id(item.as_ptr()) }) else {
+            return Err(PyValueError::new_err(format!(
+                "{what}[{i}] is invalid: expected an int >= 0 (a GPU block id)"
+            )));
+        };
+        ids.push(id);
+    }
+    Ok(ids)
+}
+
+/// GPU blocks handed out in one schedule (`kvoffload_core::BlockSet`): filled by the engine
+/// adapter as it sees the block tables, asked for membership by the scheduler.
+#[pyclass(module = "kvoffload._rust")]
+#[derive(Default)]
+pub struct BlockSet {
+    inner: kvoffload_core::BlockSet,
+}
+
+#[pymethods]
+impl BlockSet {
+    #[new]
+    fn new() -> Self {
+        BlockSet::default()
+    }
+
+    /// Adds every id of `ids`; a ValueError naming `name` (and adding nothing) when one is not
+    /// an int >= 0.
+    #[pyo3(signature = (ids, name = "block_ids"))]
+    fn add(&mut self, ids: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
+        let ids = any_block_vec(ids, name)?;
+        self.inner.extend(&ids);
+        Ok(())
+    }
+
+    fn discard(&mut self, id: u64) {
+        self.inner.remove(id);
+    }
+
+    fn __contains__(&self, id: &Bound<'_, PyAny>) -> bool {
+        // SAFETY: the GIL is held and `id` keeps the object alive.
+        unsafe { block_id(id.as_ptr()) }.is_some_and(|id| self.inner.contains(id))
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("BlockSet({} blocks)", self.inner.len())
+    }
+
+    /// The ids, ascending.
+    fn to_list(&self) -> Vec<u64> {
+        self.inner.sorted()
+    }
+
+    /// The ids of `ids` (an iterable of block ids, e.g. a dict's keys) that are in the set,
+    /// ascending.
+    fn intersection(&self, ids: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+        let mut out: Vec<u64> = any_block_vec(ids, "ids")?
+            .into_iter()
+            .filter(|&id| self.inner.contains(id))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Replaces every block of `table` (a list of block ids) from index `start` on that is in
+    /// the set by the null block (0), in place; returns how many it replaced.
+    fn null_members(&self, table: &Bound<'_, PyList>, start: usize) -> PyResult<usize> {
+        if self.inner.is_empty() || start >= table.len() {
+            return Ok(0);
+        }
+        let mut blocks = block_slice(table, start, table.len(), "table")?;
+        let replaced = self.inner.null_members(&mut blocks, 0);
+        if replaced > 0 {
+            for (i, &block) in blocks.iter().enumerate() {
+                if block == kvoffload_core::NULL_BLOCK {
+                    table.set_item(start + i, 0)?;
+                }
+            }
+        }
+        Ok(replaced)
+    }
+}
+
+/// Copies of `values` when it is `n` block tables of one length: a list or tuple of `n` lists
+/// or tuples of block ids (`are_block_ids`). `None` for anything else, which the caller then
+/// checks (and explains) itself.
+#[pyfunction]
+pub fn block_tables<'py>(
+    values: &Bound<'py, PyAny>,
+    n: usize,
+) -> PyResult<Option<Vec<Bound<'py, PyList>>>> {
+    let items: Vec<Bound<'py, PyAny>> = if let Ok(list) = values.cast::<PyList>() {
+        list.iter().collect()
+    } else if let Ok(tuple) = values.cast::<PyTuple>() {
+        tuple.iter().collect()
+    } else {
+        return Ok(None);
+    };
+    if items.len() != n {
+        return Ok(None);
+    }
+    let mut tables = Vec::with_capacity(n);
+    for item in &items {
+        let table = if let Ok(list) = item.cast::<PyList>() {
+            // A C-level slice copy: the items are the engine's own int objects.
+            list.get_slice(0, list.len())
+        } else if let Ok(tuple) = item.cast::<PyTuple>() {
+            tuple.to_list()
+        } else {
+            return Ok(None);
+        };
+        if tables
+            .first()
+            .is_some_and(|t: &Bound<'_, PyList>| t.len() != table.len())
+            || !are_block_ids(table.as_any())
+        {
+            return Ok(None);
+        }
+        tables.push(table);
+    }
+    Ok(Some(tables))
+}

@@ -34,6 +34,7 @@ fn colliding_keys(py: Python<'_>, n: usize, bits: u32) -> PyResult<Bound<'_, PyL
 fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<store::Store>()?;
+    m.add_class::<ids::BlockSet>()?;
     m.add_class::<keys::KeyList>()?;
     m.add_class::<keys::KeyRange>()?;
     m.add_class::<sampled::SampledLru>()?;
@@ -41,6 +42,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(chunk::load_window, m)?)?;
     m.add_function(wrap_pyfunction!(chunk::loadable_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(ids::are_block_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(ids::block_tables, m)?)?;
     m.add_function(wrap_pyfunction!(keys::extend_group_keys, m)?)?;
     m.add_function(wrap_pyfunction!(window::group_offer, m)?)?;
     m.add_function(wrap_pyfunction!(window::group_ranges, m)?)?;
