@@ -255,12 +255,15 @@ class HybridPlanner:
             return None
         return self.batch(states, [(group, chunk, chunk + 1)])
 
-    def drop_reallocated(self, states: list[GroupState], realloc: BlockSet) -> None:
-        """A window group frees blocks behind its window while the request runs: ids of them the
-        engine handed out again (`realloc`) no longer hold this request's KV, so the chunks not
-        yet offered must not read them. Call it before this step's new blocks are appended."""
-        for gi in self._freeing:
-            realloc.null_members(states[gi].block_ids, states[gi].next_stored * self.bpc)
+    def drop_reallocated(self, requests: list[list[GroupState]], realloc: BlockSet) -> None:
+        """A window group frees blocks behind its window while its request runs: ids of them the
+        engine handed out again (`realloc`) no longer hold that request's KV, so the chunks not
+        yet offered must not read them. `requests` holds each request's group states; call it
+        before this step's new blocks are appended."""
+        bpc = self.bpc
+        for states in requests:
+            for gi in self._freeing:
+                realloc.null_members(states[gi].block_ids, states[gi].next_stored * bpc)
 
     def window_groups(self) -> tuple[int, ...]:
         """The sliding-window and chunked-local groups: they free blocks their stores read."""

@@ -19,7 +19,6 @@ make room for stores or promotions).
 
 from __future__ import annotations
 
-import copy
 import logging
 import operator
 from array import array
@@ -642,8 +641,10 @@ class OffloadScheduler:
 
     def stats(self) -> SchedulerStats:
         """A snapshot of the counters."""
-        # A shallow copy: dataclasses.replace re-runs __init__, per step in the connector.
-        snapshot = copy.copy(self._stats)
+        # Asked every step by the connector: a copy of the counters' own dict, not copy.copy
+        # (its __reduce_ex__ round trip) or dataclasses.replace (which re-runs __init__).
+        snapshot = SchedulerStats.__new__(SchedulerStats)
+        snapshot.__dict__.update(vars(self._stats))
         snapshot.ignored_params = dict(snapshot.ignored_params)
         return snapshot
 
@@ -710,11 +711,16 @@ class OffloadScheduler:
     def _check_update(self, u: RequestUpdate) -> _CheckedUpdate:
         """Raises on a bad update. Its only change is deriving keys for new block hashes, which
         the same hashes always give again, so a retry after an error sees the same state."""
-        req = self._request(u.request_id)
+        # Thousands of updates a run, most of them decode steps: the usual values are checked
+        # inline, anything else by the helpers that explain it.
+        req = self._requests.get(u.request_id) or self._request(u.request_id)
         if req.finished:
             raise ValueError(f"request_id={u.request_id!r} already finished")
-        computed = _count("num_computed_tokens", u.num_computed_tokens)
-        num_tokens = _count("num_tokens", u.num_tokens)
+        computed, num_tokens = u.num_computed_tokens, u.num_tokens
+        if type(computed) is not int or computed < 0:
+            computed = _count("num_computed_tokens", computed)
+        if type(num_tokens) is not int or num_tokens < 0:
+            num_tokens = _count("num_tokens", num_tokens)
         if computed > num_tokens:
             raise ValueError(
                 f"num_computed_tokens={computed} for request {u.request_id!r} is more than its "
@@ -722,11 +728,17 @@ class OffloadScheduler:
             )
         group_blocks = None
         if req.groups is not None:
-            group_blocks = self._group_tables("new_block_ids", u.new_block_ids, empty_ok=True)
+            new = u.new_block_ids
+            if type(new) is tuple and not new:  # RequestUpdate's default: nothing allocated
+                group_blocks = []
+            else:
+                group_blocks = self._group_tables("new_block_ids", new, empty_ok=True)
             new_blocks = _NO_BLOCKS
         else:
             new_blocks = _block_ids("new_block_ids", u.new_block_ids)  # type: ignore[arg-type]
-        junction = _count("shared_prefix_boundary", u.shared_prefix_boundary)
+        junction = u.shared_prefix_boundary
+        if type(junction) is not int or junction < 0:
+            junction = _count("shared_prefix_boundary", junction)
         if u.block_hashes is not None:
             self._extend_keys(req, u.block_hashes)
         return _CheckedUpdate(req, computed, num_tokens, new_blocks, group_blocks, junction)
@@ -889,7 +901,7 @@ class OffloadScheduler:
     def _store_groups(self, req: _Request, computed: int, junction: int) -> StoreJob | None:
         assert self.hybrid is not None and req.groups is not None
         offloadable = self._offloadable(req, computed, req.num_tokens)
-        whole = offloadable // self.config.tokens_per_chunk
+        whole = offloadable // self.hybrid.tpc
         for state in req.groups:
             if whole > state.next_stored:
                 break
@@ -994,6 +1006,7 @@ class OffloadScheduler:
         reads = self._window_reads
         # Few blocks are read by stores in flight, and many handed out: intersect from the few.
         flush = sorted({j for b in realloc.intersection(reads) for j in reads[b]}) if reads else []
+        live: list[list[GroupState]] = []
         for rid in list(self._tabled):
             req = self._requests.get(rid)
             if req is None or req.finished:
@@ -1004,7 +1017,8 @@ class OffloadScheduler:
                 continue
             if realloc and window:
                 assert req.groups is not None
-                self.hybrid.drop_reallocated(req.groups, realloc)
+                live.append(req.groups)
+        self.hybrid.drop_reallocated(live, realloc)
         return flush
 
     def _jobs_touching(self, realloc: IntArray) -> list[int]:

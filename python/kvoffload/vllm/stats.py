@@ -48,11 +48,9 @@ GAUGES: dict[str, str] = {
 def stats_delta(now: SchedulerStats, before: SchedulerStats) -> dict[str, int]:
     """Counter increments from `before` to `now`; `ignored_params` summed over its keys."""
     # The instances' own dicts: read every step, where a getattr per field showed.
-    out: dict[str, int] = {}
     earlier = vars(before)
-    for name, a in vars(now).items():
-        b = earlier[name]
-        out[name] = sum(a.values()) - sum(b.values()) if isinstance(a, dict) else a - b
+    out = {name: a - earlier[name] for name, a in vars(now).items() if type(a) is int}
+    out["ignored_params"] = sum(now.ignored_params.values()) - sum(before.ignored_params.values())
     return out
 
 
