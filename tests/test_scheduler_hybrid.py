@@ -136,6 +136,19 @@ def test_a_window_block_handed_out_again_is_not_stored():
     assert realloc_case(blocks) == [(1, 1)]  # the full group's blocks are held by "a"
 
 
+def test_a_store_in_flight_reading_a_window_block_handed_out_again_is_flushed():
+    s = scheduler()
+    s.add_request("a", 24)
+    s.lookup("a", 0, 24, HASHES)
+    s.on_allocated("a", [[11, 12, 13, 14, 15, 16], [1, 2, 3, 4, 5, 6]])
+    (job,) = s.plan_step([RequestUpdate("a", 24, 24, block_hashes=HASHES)]).store_jobs
+    # Full-attention blocks are held by "a" until the job is reported; window blocks are not.
+    assert s.plan_step([], reallocated_block_ids=[1, 6, 14]).flush_job_ids == []
+    assert s.plan_step([], reallocated_block_ids=[99, 12]).flush_job_ids == [job.job_id]
+    s.complete_job(job.job_id, True)
+    assert s.plan_step([], reallocated_block_ids=[12]).flush_job_ids == []
+
+
 def test_block_set_answers_membership_and_nulls_tables_in_place():
     blocks = BlockSet()
     blocks.add([7, 3, 7])
@@ -145,7 +158,8 @@ def test_block_set_answers_membership_and_nulls_tables_in_place():
     assert len(blocks) == 3 and 3 in blocks and (1 << 40) in blocks
     assert 4 not in blocks and "3" not in blocks and -3 not in blocks
     assert blocks.to_list() == [3, 7, 1 << 40]
-    assert blocks.intersection({7: "a", 8: "b", 3: "c"}) == [3, 7]
+    assert blocks.intersects((8, 7)) and blocks.intersects([1 << 40])
+    assert not blocks.intersects([8, 9]) and not blocks.intersects([])
     table = [3, 9, 7, 3, 0]
     assert blocks.null_members(table, 1) == 2
     assert table == [3, 9, 0, 0, 0]

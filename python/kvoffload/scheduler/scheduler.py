@@ -176,8 +176,10 @@ class _InFlight(NamedTuple):
     request_id: str
     keys: KeyList
     gpu_block_ids: IntArray
-    window_blocks: tuple[int, ...] = ()
-    """With several groups: the window and state blocks a store reads (see `_window_reads`)."""
+    window_blocks: Sequence[int] = ()
+    """With several groups: the window and state blocks a store reads. Only window and Mamba
+    groups free blocks while their request still runs (and the engine may hand them out again);
+    every other block a job touches is held by its request."""
 
 
 class OffloadScheduler:
@@ -222,10 +224,6 @@ class OffloadScheduler:
         self._next_job_id = 0
         self._loads_in_flight = 0
         self._stats = SchedulerStats()
-        self._window_reads: dict[int, set[int]] = {}
-        """With several groups: window-group or state block -> the stores in flight reading it.
-        Only window and Mamba groups free blocks while their request still runs (and the engine
-        may hand them out again); every other block a job touches is held by its request."""
         self._tabled: set[str] = set()
         """With several groups: requests that hold block tables."""
         self.shared_tier = (
@@ -568,11 +566,6 @@ class OffloadScheduler:
         job = self._jobs.pop(job_id, None)
         if job is None:
             raise ValueError(f"job_id={job_id!r} is not in flight")
-        for block in job.window_blocks:
-            readers = self._window_reads[block]
-            readers.discard(job_id)
-            if not readers:
-                del self._window_reads[block]
         req = self._requests[job.request_id]
         req.jobs.discard(job_id)
         n = len(job.keys)
@@ -698,14 +691,12 @@ class OffloadScheduler:
         req: _Request,
         keys: KeyList,
         blocks: IntArray,
-        window_blocks: tuple[int, ...] = (),
+        window_blocks: Sequence[int] = (),
     ) -> int:
         job_id = self._next_job_id
         self._next_job_id += 1
         self._jobs[job_id] = _InFlight(kind, req.request_id, keys, blocks, window_blocks)
         req.jobs.add(job_id)
-        for block in window_blocks:
-            self._window_reads.setdefault(block, set()).add(job_id)
         return job_id
 
     def _check_update(self, u: RequestUpdate) -> _CheckedUpdate:
@@ -934,7 +925,7 @@ class OffloadScheduler:
         if plan is None or not plan.keys:
             return None
         parts = tuple(GroupSlice(g, n, n * bpc) for g, n in enumerate(plan.counts) if n)
-        job_id = self._track("store", req, plan.keys, plan.blocks, tuple(plan.window_blocks))
+        job_id = self._track("store", req, plan.keys, plan.blocks, plan.window_blocks)
         self._stats.store_jobs += 1
         return StoreJob(
             job_id, req.request_id, plan.keys, plan.slots, plan.blocks, plan.chunks, parts
@@ -1003,9 +994,12 @@ class OffloadScheduler:
         before this step's new blocks are appended."""
         assert self.hybrid is not None
         window = self.hybrid.window_groups()
-        reads = self._window_reads
-        # Few blocks are read by stores in flight, and many handed out: intersect from the few.
-        flush = sorted({j for b in realloc.intersection(reads) for j in reads[b]}) if reads else []
+        # Few stores are in flight, each reading a few window blocks; many blocks are handed out.
+        flush = [
+            j
+            for j, job in self._jobs.items()
+            if job.window_blocks and realloc.intersects(job.window_blocks)
+        ]
         live: list[list[GroupState]] = []
         for rid in list(self._tabled):
             req = self._requests.get(rid)

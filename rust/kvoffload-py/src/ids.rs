@@ -163,16 +163,11 @@ impl BlockSet {
         self.inner.sorted()
     }
 
-    /// The ids of `ids` (an iterable of block ids, e.g. a dict's keys) that are in the set,
-    /// ascending.
-    fn intersection(&self, ids: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
-        let mut out: Vec<u64> = any_block_vec(ids, "ids")?
+    /// Whether any id of `ids` (an iterable of block ids) is in the set.
+    fn intersects(&self, ids: &Bound<'_, PyAny>) -> PyResult<bool> {
+        Ok(any_block_vec(ids, "ids")?
             .into_iter()
-            .filter(|&id| self.inner.contains(id))
-            .collect();
-        out.sort_unstable();
-        out.dedup();
-        Ok(out)
+            .any(|id| self.inner.contains(id)))
     }
 
     /// Replaces every block of `table` (a list of block ids) from index `start` on that is in
