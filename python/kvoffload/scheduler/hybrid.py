@@ -57,7 +57,7 @@ class GroupState:
         self.used[first:end] = b"\x01" * (end - first)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # read-only, like the jobs that hold it (see `jobs`)
 class GroupSlice:
     """The part of a job that belongs to one group: `num_slots` of the job's slots (and keys) and
     `num_blocks` of its GPU blocks, in group order; the group's first block is block

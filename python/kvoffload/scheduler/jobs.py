@@ -1,5 +1,7 @@
 """What the scheduler hands the engine: plain data (ints, numpy arrays, `KeyList`s) that pickles
-to worker processes."""
+to worker processes. Slotted, not frozen: an engine builds a `RequestUpdate` per running request
+per step, and a frozen dataclass's `__init__` pays an `object.__setattr__` call per field. Treat
+them as read-only."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from kvoffload.store import KeyList
 IntArray = npt.NDArray[np.int64]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StoreJob:
     """Copy GPU blocks to CPU slots: chunk `i` is `gpu_block_ids[i*bpc:(i+1)*bpc]` → `slots[i]`."""
 
@@ -32,7 +34,7 @@ class StoreJob:
     (`()`: one group)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LoadJob:
     """Copy CPU slots to GPU blocks. The first `skip_leading_blocks` GPU blocks of the first chunk
     are already on the GPU and are not written: `gpu_block_ids` lists only the blocks to write,
@@ -53,7 +55,7 @@ class LoadJob:
     is the earliest part's). `()`: one group."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RemoteJob:
     """A transfer between CPU slots and the shared tier, `keys[i]` <-> `slots[i]`, each worker its
     own shard of every chunk. A promotion fills the slots (its keys are pending in the CPU tier
@@ -64,7 +66,7 @@ class RemoteJob:
     slots: IntArray
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RequestUpdate:
     """What one engine step did to a running request."""
 
@@ -83,7 +85,7 @@ class RequestUpdate:
     window group stores the chunks a hit there reads too."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StateBlock:
     """A state block a Mamba group's request committed in this step (vLLM's "align" mode
     hand-offs, `boundary_state_offloads`): block `block_id` of group `group` holds the state
@@ -95,7 +97,7 @@ class StateBlock:
     num_tokens: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepPlan:
     store_jobs: list[StoreJob] = field(default_factory=list)
     flush_job_ids: list[int] = field(default_factory=list)
@@ -108,7 +110,7 @@ class StepPlan:
     budget of chunks held by writes allows)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class FinishPlan:
     store_jobs: list[StoreJob]
     """The last stores of the request (tokens computed but not yet offered)."""
@@ -118,7 +120,7 @@ class FinishPlan:
     flight: it holds no blocks."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class JobResult:
     job_id: int
     request_id: str
