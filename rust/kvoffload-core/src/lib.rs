@@ -9,6 +9,7 @@ mod chunk;
 mod error;
 mod events;
 mod groups;
+mod heap;
 mod hybrid_lookup;
 mod index;
 mod key;

@@ -12,11 +12,10 @@
 //! even when failed stores leave the cache below c.
 
 use crate::error::{Error, Result};
+use crate::heap::QuadHeap;
 use crate::index::{Index, MAX_BUCKETS};
 use crate::list::{Linked, List, NIL};
-use core::cmp::Reverse;
 use core::str::FromStr;
-use std::collections::BinaryHeap;
 
 /// Eviction order of a key under `Lru`, packed in 64 bits: the smallest leaves first. A plain
 /// use takes the next value of a counter (`major`); a key used by a request takes that request's
@@ -320,8 +319,7 @@ impl Policy {
     /// Under LRU, a ranked slot whose current rank the order does not hold.
     pub(crate) fn rank_mismatch<N: PolicyNode>(&self, nodes: &[N]) -> Option<u32> {
         let r = self.ranked.as_ref()?;
-        let held: std::collections::HashSet<(Rank, u32)> =
-            r.heap.iter().map(|&Reverse(entry)| entry).collect();
+        let held: std::collections::HashSet<(Rank, u32)> = r.heap.iter().copied().collect();
         (0..nodes.len() as u32).find(|&i| {
             let node = &nodes[i as usize];
             node.list() != NO_LIST && !held.contains(&(node.rank(), i))
@@ -369,7 +367,7 @@ impl Policy {
 /// a removal and an insertion in an ordered tree.
 #[derive(Default)]
 struct Ranked {
-    heap: BinaryHeap<Reverse<(Rank, u32)>>,
+    heap: QuadHeap<(Rank, u32)>,
     counter: u64,
     live: u32,
 }
@@ -382,21 +380,18 @@ impl Ranked {
 
     fn insert<N: PolicyNode>(&mut self, nodes: &mut [N], i: u32, rank: Rank) {
         nodes[i as usize].set_rank(rank);
-        self.heap.push(Reverse((rank, i)));
+        self.heap.push((rank, i));
         self.live += 1;
         // Stale entries are at most twice the live ones (plus slack): rebuilding is linear.
         // A slot freed and taken again at an equal rank leaves equal entries: keep one (a
         // slot's current entries are all equal, its node holding their one rank).
         if self.heap.len() > 2 * self.live as usize + 64 {
             let mut kept = vec![false; nodes.len()];
-            let current: Vec<_> = self
-                .heap
-                .drain()
-                .filter(|e| {
-                    is_current(nodes, e.0) && !std::mem::replace(&mut kept[e.0 .1 as usize], true)
-                })
-                .collect();
-            self.heap = BinaryHeap::from(current);
+            let mut current = self.heap.take();
+            current.retain(|&e| {
+                is_current(nodes, e) && !std::mem::replace(&mut kept[e.1 as usize], true)
+            });
+            self.heap = QuadHeap::from_vec(current);
         }
     }
 
@@ -418,7 +413,7 @@ impl Ranked {
         let mut kept = Vec::new();
         let mut last = None;
         while victims.len() < n {
-            let Some(Reverse(entry)) = self.heap.pop() else {
+            let Some(entry) = self.heap.pop() else {
                 break;
             };
             // A slot freed and taken again at an equal rank can leave a duplicate: they pop in
@@ -437,7 +432,7 @@ impl Ranked {
         if !found {
             kept.extend(victims.iter().map(|&i| (nodes[i as usize].rank(), i)));
         }
-        self.heap.extend(kept.into_iter().map(Reverse));
+        self.heap.extend(kept);
         found.then_some(victims)
     }
 
@@ -446,7 +441,7 @@ impl Ranked {
         let mut out: Vec<_> = self
             .heap
             .iter()
-            .map(|&Reverse(e)| e)
+            .copied()
             .filter(|&e| is_current(nodes, e))
             .collect();
         out.sort_unstable();
