@@ -155,6 +155,8 @@ def test_block_set_answers_membership_and_nulls_tables_in_place():
     blocks.add((1 << 40, 0))
     blocks.discard(0)
     blocks.discard(12345)  # absent: nothing changes
+    for odd in (-1, 2**64, True, "7"):
+        blocks.discard(odd)  # never a member
     assert len(blocks) == 3 and 3 in blocks and (1 << 40) in blocks
     assert 4 not in blocks and "3" not in blocks and -3 not in blocks
     assert blocks.to_list() == [3, 7, 1 << 40]

@@ -33,7 +33,7 @@ def test_a_bad_update_in_a_batch_plans_nothing_and_a_retry_is_exact():
     assert list(job.gpu_block_ids) == list(range(100, 109))
 
 
-@pytest.mark.parametrize("bad", [[1, None], [1, 8.7], ["8"], [3, -1], [True]])
+@pytest.mark.parametrize("bad", [[1, None], [1, 8.7], ["8"], [3, -1], [True], [3, True]])
 def test_bad_block_ids_are_refused_before_anything_is_pinned(bad):
     sched, store = make_scheduler()
     Engine(sched).run("first", FIRST, 36, 37)

@@ -86,13 +86,14 @@ def _block_ids(name: str, values: Sequence[int] | IntArray) -> IntArray:
     if isinstance(values, (list, tuple)):
         if not values:
             return _NO_BLOCKS  # most decode steps allocate nothing
-        try:
-            # C-speed conversion of a list of ints (vLLM's tables), refusing anything else.
-            raw = array("q", values)
-        except (TypeError, OverflowError):
-            raw = None
-        if raw is not None and not isinstance(values[0], bool) and min(raw) >= 0:
-            return np.frombuffer(raw, dtype=np.int64)
+        if _rust.are_block_ids(values):
+            # C-speed conversion of a list of ints (vLLM's tables).
+            return np.frombuffer(array("q", values), dtype=np.int64)
+        if any(isinstance(v, bool) for v in values):  # numpy would take True for 1
+            raise ValueError(
+                f"{name}={_short(values)} is invalid: expected a sequence of ints >= 0 "
+                "(GPU block ids)"
+            )
     ids = np.asarray(values)
     if ids.size == 0:
         return _NO_BLOCKS
@@ -998,7 +999,7 @@ class OffloadScheduler:
         flush = [
             j
             for j, job in self._jobs.items()
-            if job.window_blocks and realloc.intersects(job.window_blocks)
+            if realloc and job.window_blocks and realloc.intersects(job.window_blocks)
         ]
         live: list[list[GroupState]] = []
         for rid in list(self._tabled):

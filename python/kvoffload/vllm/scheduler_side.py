@@ -133,7 +133,7 @@ class SchedulerSide:
         tables = blocks.get_block_ids()
         if self._watch_reallocation:
             for table in tables:
-                self._allocated_blocks.add(table)
+                self._allocated_blocks.add(table, "block_ids")
         block_ids = tables if self._hybrid else tables[0]
         load = self.scheduler.on_allocated(request.request_id, block_ids, num_external_tokens)
         self._allocated.add(request.request_id)
@@ -166,7 +166,7 @@ class SchedulerSide:
                 new_blocks = groups if self._hybrid else groups[0]
                 if self._watch_reallocation:
                     for table in groups:
-                        allocated.add(table)
+                        allocated.add(table, "new_block_ids")
             # Speculative drafts are scheduled past num_tokens; their KV may be rejected.
             computed = min(request.num_computed_tokens + num_scheduled, request.num_tokens)
             updates.append(
@@ -182,7 +182,7 @@ class SchedulerSide:
         if self._watch_reallocation:
             copies = scheduler_output.kv_cache_block_copies
             if copies:
-                allocated.add([copy.dst_block_id for copy in copies])
+                allocated.add([copy.dst_block_id for copy in copies], "kv_cache_block_copies")
             allocated.discard(0)  # the null block
         step = self.scheduler.plan_step(updates, allocated, self._state_blocks(scheduler_output))
         flush.extend(step.flush_job_ids)

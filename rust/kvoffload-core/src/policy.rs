@@ -391,6 +391,8 @@ impl Ranked {
             current.retain(|&e| {
                 is_current(nodes, e) && !std::mem::replace(&mut kept[e.1 as usize], true)
             });
+            // Gives back what a once larger order held, as the store's metadata bytes count it.
+            current.shrink_to_fit();
             self.heap = QuadHeap::from_vec(current);
         }
     }

@@ -1,10 +1,10 @@
 //! GPU block id arguments: the scheduler is handed thousands of block ids per engine step (block
-//! tables, blocks handed out again), as Python ints in a list or a set.
+//! tables, blocks handed out again), as Python ints in lists.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyFrozenSet, PyList, PySet, PyTuple};
+use pyo3::types::{PyList, PyTuple};
 
 /// `item`'s value if it is an `int` (not a `bool` or other subclass) in `0..2**63`.
 ///
@@ -32,7 +32,7 @@ unsafe fn is_block_id(item: *mut ffi::PyObject) -> bool {
     unsafe { block_id(item).is_some() }
 }
 
-/// Whether `values` is a list, tuple, set or frozenset of ints in `0..2**63` (no `bool`): the
+/// Whether `values` is a list or tuple of ints in `0..2**63` (no `bool`): the
 /// shape an engine hands block ids in. `False` for anything else, which the caller then checks
 /// (and explains) itself.
 #[pyfunction]
@@ -54,12 +54,6 @@ pub fn are_block_ids(values: &Bound<'_, PyAny>) -> bool {
         return tuple
             .iter()
             .all(|item| unsafe { is_block_id(item.as_ptr()) });
-    }
-    if let Ok(set) = values.cast::<PySet>() {
-        return set.iter().all(|item| unsafe { is_block_id(item.as_ptr()) });
-    }
-    if let Ok(set) = values.cast::<PyFrozenSet>() {
-        return set.iter().all(|item| unsafe { is_block_id(item.as_ptr()) });
     }
     false
 }
@@ -132,8 +126,8 @@ impl BlockSet {
         BlockSet::default()
     }
 
-    /// Adds every id of `ids`; a ValueError naming `name` (and adding nothing) when one is not
-    /// an int >= 0.
+    /// Adds every id of `ids` (Python ints, as engines hand them out); a ValueError naming
+    /// `name` (and adding nothing) when one is not an int in `0..2**63`.
     #[pyo3(signature = (ids, name = "block_ids"))]
     fn add(&mut self, ids: &Bound<'_, PyAny>, name: &str) -> PyResult<()> {
         let ids = any_block_vec(ids, name)?;
@@ -141,8 +135,12 @@ impl BlockSet {
         Ok(())
     }
 
-    fn discard(&mut self, id: u64) {
-        self.inner.remove(id);
+    /// Removes `id` if it is in the set (anything that is not a block id never is).
+    fn discard(&mut self, id: &Bound<'_, PyAny>) {
+        // SAFETY: the GIL is held and `id` keeps the object alive.
+        if let Some(id) = unsafe { block_id(id.as_ptr()) } {
+            self.inner.remove(id);
+        }
     }
 
     fn __contains__(&self, id: &Bound<'_, PyAny>) -> bool {
