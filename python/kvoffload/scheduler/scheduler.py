@@ -458,19 +458,24 @@ class OffloadScheduler:
 
         The whole batch is checked before anything changes: a bad update raises and plans
         nothing."""
-        # The engine's thousands of ids in a BlockSet were checked as it added them.
-        blocks = (
-            reallocated_block_ids
-            if isinstance(reallocated_block_ids, BlockSet)
-            else _realloc_set(reallocated_block_ids)
-        )
+        # The engine's thousands of ids in a BlockSet were checked as it added them. One group
+        # asks the jobs' block arrays (an array), several groups ask membership (a BlockSet).
+        given = reallocated_block_ids
+        if self.hybrid is None:
+            realloc = (
+                np.asarray(given.to_list(), dtype=np.int64)
+                if isinstance(given, BlockSet)
+                else _block_ids("reallocated_block_ids", list(given))
+            )
+        else:
+            blocks = given if isinstance(given, BlockSet) else _realloc_set(given)
         checked = [self._check_update(u) for u in updates]
         ids = [c.req.request_id for c in checked]
         if len(set(ids)) != len(ids):
             raise ValueError(f"updates name a request twice: {sorted(ids)}")
         states = [self._check_state(b) for b in state_blocks]
         if self.hybrid is None:
-            flush = self._jobs_touching(np.asarray(blocks.to_list(), dtype=np.int64))
+            flush = self._jobs_touching(realloc)
         else:
             flush = self._plan_reallocation(blocks)
         promotions, cascades = (

@@ -93,14 +93,14 @@ impl BlockSet {
         out
     }
 
-    /// Replaces every block of `table` from `start` on that is in the set by the null block, and
-    /// returns how many it replaced: a window table stops reading blocks handed out again.
-    pub fn null_members(&self, table: &mut [u64], start: usize) -> usize {
+    /// Replaces every block of `table` that is in the set by the null block, and returns how
+    /// many it replaced: a window table stops reading blocks handed out again.
+    pub fn null_members(&self, table: &mut [u64]) -> usize {
         if self.is_empty() {
             return 0;
         }
         let mut replaced = 0;
-        for block in table.iter_mut().skip(start) {
+        for block in table.iter_mut() {
             if *block != NULL_BLOCK && self.contains(*block) {
                 *block = NULL_BLOCK;
                 replaced += 1;
@@ -147,18 +147,16 @@ mod tests {
     }
 
     #[test]
-    fn nulls_members_from_start_only() {
+    fn nulls_members_only() {
         let mut set = BlockSet::new();
         set.extend(&[5, 6, 8]);
         let mut table = vec![5, 1, 6, 0, 8, 5, 2];
-        // Blocks before `start` stay, however they match.
-        assert_eq!(set.null_members(&mut table, 2), 3);
+        assert_eq!(set.null_members(&mut table[2..]), 3);
         assert_eq!(table, vec![5, 1, 0, 0, 0, 0, 2]);
-        // Nothing left to replace: an idempotent second pass.
-        assert_eq!(set.null_members(&mut table, 0), 1);
+        assert_eq!(set.null_members(&mut table), 1);
         assert_eq!(table, vec![0, 1, 0, 0, 0, 0, 2]);
-        // A start past the end replaces nothing.
-        assert_eq!(set.null_members(&mut table, 99), 0);
+        // Nothing left to replace: an idempotent second pass.
+        assert_eq!(set.null_members(&mut table), 0);
     }
 
     #[test]
@@ -166,7 +164,7 @@ mod tests {
         let mut set = BlockSet::new();
         set.extend(&[NULL_BLOCK, 4]);
         let mut table = vec![NULL_BLOCK, 4, NULL_BLOCK];
-        assert_eq!(set.null_members(&mut table, 0), 1);
+        assert_eq!(set.null_members(&mut table), 1);
         assert_eq!(table, vec![NULL_BLOCK, NULL_BLOCK, NULL_BLOCK]);
     }
 
@@ -174,7 +172,7 @@ mod tests {
     fn an_empty_set_leaves_tables_alone() {
         let set = BlockSet::new();
         let mut table = vec![3, 4];
-        assert_eq!(set.null_members(&mut table, 0), 0);
+        assert_eq!(set.null_members(&mut table), 0);
         assert_eq!(table, vec![3, 4]);
     }
 }

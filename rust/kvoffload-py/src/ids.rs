@@ -97,18 +97,8 @@ fn any_block_vec(values: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
     if let Ok(list) = values.cast::<PyList>() {
         return block_vec(list, what);
     }
-    let mut ids = Vec::new();
-    for (i, item) in values.try_iter()?.enumerate() {
-        let item = item?;
-        // SAFETY: the GIL is held and `item` keeps the object alive.
-        let Some(id) = (unsafe { block_id(item.as_ptr()) }) else {
-            return Err(PyValueError::new_err(format!(
-                "{what}[{i}] is invalid: expected an int >= 0 (a GPU block id)"
-            )));
-        };
-        ids.push(id);
-    }
-    Ok(ids)
+    let items = values.try_iter()?.collect::<PyResult<Vec<_>>>()?;
+    block_vec(&PyList::new(values.py(), items)?, what)
 }
 
 /// GPU blocks handed out in one schedule (`kvoffload_core::BlockSet`): filled by the engine
@@ -175,7 +165,7 @@ impl BlockSet {
             return Ok(0);
         }
         let mut blocks = block_slice(table, start, table.len(), "table")?;
-        let replaced = self.inner.null_members(&mut blocks, 0);
+        let replaced = self.inner.null_members(&mut blocks);
         if replaced > 0 {
             for (i, &block) in blocks.iter().enumerate() {
                 if block == kvoffload_core::NULL_BLOCK {
