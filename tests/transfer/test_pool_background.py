@@ -48,6 +48,35 @@ def test_a_piece_that_fails_ends_the_growth_with_one_warning(caplog):
     pool.close()
 
 
+def test_waiting_for_the_first_piece_returns_once_it_is_ready_not_the_whole_pool():
+    gate = Gate()
+    pool = CpuPool(8, 1000, piece_bytes=2 * 1000, background=True, before_piece=gate)
+    assert pool.wait_first_piece(0.01) is False  # held back: the wait is bounded
+    opener = threading.Timer(0.05, gate.open, args=(0,))
+    opener.start()
+    assert pool.wait_first_piece(30) is True
+    assert pool.usable_slots == 2 and pool.growing  # pieces 1..3 still wait on the gate
+    gate.open(3)
+    pool.wait_ready(30)
+    assert pool.wait_first_piece(0) is True
+    pool.close()
+
+
+def test_a_first_piece_that_fails_ends_the_wait_at_once():
+    gate = Gate(fail=frozenset({0}))
+    gate.open(3)
+    pool = CpuPool(8, 1000, piece_bytes=2 * 1000, background=True, before_piece=gate)
+    assert pool.wait_first_piece(30) is False  # returns when the piece fails, not after 30 s
+    assert pool.usable_slots == 0 and not pool.growing
+    pool.close()
+
+
+def test_a_pool_prepared_up_front_has_its_first_piece_at_once():
+    pool = CpuPool(8, 1000, piece_bytes=2 * 1000)
+    assert pool.wait_first_piece(0) is True and pool.usable_slots == 8
+    pool.close()
+
+
 def test_close_stops_a_growing_pool():
     gate = Gate()
     pool = CpuPool(8, 1000, piece_bytes=2 * 1000, background=True, before_piece=gate)

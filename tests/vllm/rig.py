@@ -496,10 +496,6 @@ def make_rig(
         "cpu_bytes_to_use": cpu_chunks * chunk_bytes,
         "block_size": chunk_tokens,
     }
-    if connector in ("kvoffload", "spec"):
-        # Pinned before the first step, as vLLM's own pool is: the tests of the steady state
-        # compare exact steps (test_connector_pinning.py runs the growing tier).
-        extra_config["pin_in_background"] = False
     extra_config.update(extra or {})
     if connector == "kvoffload":
         transfer = KVTransferConfig(
@@ -576,25 +572,34 @@ def make_rig(
             )
         ],
     )
-    scheduler = _scheduler(vllm_config, kv_cache_config, is_async)
     kv_caches = {
         name: torch.zeros((num_gpu_blocks, 2, tpb, NUM_KV_HEADS, HEAD_SIZE), dtype=torch.float16)
         for name in LAYERS
     }
     worker = _worker(vllm_config, kv_cache_config, kv_caches, connector, vllm_worker)
+    scheduler = _scheduler(vllm_config, kv_cache_config, is_async, worker)
     bpc = chunk_tokens // tpb
     return Rig(scheduler, worker, kv_caches, vllm_config, is_async, tpb=tpb, verify=verify, bpc=bpc)
 
 
-def _scheduler(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, is_async: bool) -> Any:
+def _scheduler(
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, is_async: bool, worker: Any
+) -> Any:
+    """Built after the worker has registered its KV caches, then given the worker's handshake
+    metadata before the first step, as vLLM's EngineCore does."""
     cls = AsyncScheduler if is_async else Scheduler
-    return cls(
+    scheduler = cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=vllm_config.cache_config.block_size,
         log_stats=True,
     )
+    # EngineCore._set_kv_connector_handshake_metadata, for one worker at (pp_rank, tp_rank) 0, 0.
+    metadata = worker.get_handshake_metadata()
+    if metadata is not None:
+        scheduler.get_kv_connector().set_xfer_handshake_metadata_pp_aware({(0, 0): metadata})
+    return scheduler
 
 
 def _worker(
@@ -689,7 +694,6 @@ def _hybrid_rig(
         vllm_config, groups, per_block * num_gpu_blocks
     )
     assert kv_cache_config.num_blocks == num_gpu_blocks, kv_cache_config
-    scheduler = _scheduler(vllm_config, kv_cache_config, is_async)
     raw = torch.zeros(kv_cache_config.kv_cache_tensors[0].size, dtype=torch.uint8)
     views: dict[str, torch.Tensor] = {}
     for tensor in kv_cache_config.kv_cache_tensors:
@@ -710,6 +714,7 @@ def _hybrid_rig(
     ]
     attends = [_attended(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
     worker = _worker(vllm_config, kv_cache_config, kv_caches, connector, vllm_worker)
+    scheduler = _scheduler(vllm_config, kv_cache_config, is_async, worker)
     bpc = vllm_config.kv_transfer_config.kv_connector_extra_config["block_size"] // tpb
     return Rig(
         scheduler,

@@ -15,7 +15,8 @@ from vllm.v1.outputs import KVConnectorOutput
 from kvoffload import ConfigError
 from kvoffload.transfer import CpuPool
 from kvoffload.transfer import engine as engine_module
-from kvoffload.vllm.metadata import KVOffloadWorkerMetadata
+from kvoffload.vllm.metadata import KVOffloadHandshakeMetadata, KVOffloadWorkerMetadata
+from kvoffload.vllm.scheduler_side import SchedulerSide
 from kvoffload.vllm.stats import KVOffloadStats
 from pool_gate import Gate, until
 
@@ -97,11 +98,15 @@ def test_a_piece_that_fails_leaves_a_smaller_working_tier(model_dir, monkeypatch
     assert rig.cpu_store().usable_slots == 32
 
 
+def two_workers(rig) -> SchedulerSide:
+    """The rig's scheduler half, rebuilt for two workers (TP 2)."""
+    settings = rig.connector._sched().settings
+    return SchedulerSide(type(settings)(**{**settings.__dict__, "world_size": 2}))
+
+
 def test_a_slot_counts_only_once_every_worker_has_it(model_dir):
     """Two workers (TP 2), one slower: the scheduler uses what both have."""
-    rig = make_rig(model_dir, extra={"pin_in_background": True})
-    side = rig.connector._sched()
-    side.settings = type(side.settings)(**{**side.settings.__dict__, "world_size": 2})
+    side = two_workers(make_rig(model_dir))
     store = side.scheduler.store
 
     def report(usable: dict[int, int] | KVOffloadWorkerMetadata) -> None:
@@ -120,6 +125,35 @@ def test_a_slot_counts_only_once_every_worker_has_it(model_dir):
     assert both.usable_slots == {0: 64, 1: 32}
     report(both)
     assert store.usable_slots == 32
+
+
+def test_the_handshake_counts_a_slot_once_every_worker_has_it(model_dir):
+    """vLLM hands the scheduler every worker's handshake at once, keyed by (pp_rank, tp_rank);
+    the ranks inside count, and metadata of another connector is not read."""
+    side = two_workers(make_rig(model_dir))
+    store = side.scheduler.store
+    assert store.num_slots == 32  # the rig's 64 chunks' bytes, each chunk now on two workers
+    side.on_handshake([KVOffloadHandshakeMetadata(0, 24)])
+    assert store.usable_slots == 0  # rank 1 has not reported
+    side.on_handshake([KVOffloadHandshakeMetadata(0, 24), KVOffloadHandshakeMetadata(1, 8), 7])
+    assert store.usable_slots == 8
+    side.update_connector_output(
+        KVConnectorOutput(kv_connector_worker_meta=KVOffloadWorkerMetadata(usable_slots={1: 32}))
+    )
+    assert store.usable_slots == 24  # growth after it comes from step outputs
+
+
+def test_pipeline_stages_are_handed_over_too(model_dir):
+    """vLLM's default hook refuses pp_rank > 0 (it is meant for P/D handshakes); ours takes every
+    stage's pool."""
+    rig = make_rig(model_dir)
+    side = two_workers(rig)
+    connector = rig.connector
+    connector._scheduler_side = side
+    connector.set_xfer_handshake_metadata_pp_aware(
+        {(0, 0): KVOffloadHandshakeMetadata(0, 30), (1, 0): KVOffloadHandshakeMetadata(1, 20)}
+    )
+    assert side.scheduler.store.usable_slots == 20
 
 
 @pytest.mark.parametrize(

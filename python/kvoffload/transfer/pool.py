@@ -94,6 +94,8 @@ class CpuPool:
         self._pieces: list[int] = []
         """Addresses of the registered pieces (CUDA)."""
         self._ready_pieces = 0
+        self._first_done = threading.Event()
+        """Set once the first piece is ready, or the preparation ended without it."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.started_at = time.monotonic()
@@ -120,6 +122,7 @@ class CpuPool:
         if pin_device is not None:
             self._pieces.extend(_register(self.buffer, self._piece_ranges(), pin_device))
         self._ready_pieces = self.num_pieces
+        self._first_done.set()
         self.first_piece_s = self.all_pieces_s = time.monotonic() - self.started_at
 
     @property
@@ -131,12 +134,26 @@ class CpuPool:
     def growing(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def wait_first_piece(self, timeout_s: float) -> bool:
+        """Blocks until the first piece is ready (then True) or the preparation ended without
+        it or `timeout_s` passed (then False)."""
+        self._first_done.wait(timeout_s)
+        return self._ready_pieces > 0
+
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Blocks until the background preparation has ended (done, failed or closed)."""
         if self._thread is not None:
             self._thread.join(timeout_s)
 
     def _prepare(
+        self, device: torch.device | None, before_piece: Callable[[int], None] | None
+    ) -> None:
+        try:
+            self._prepare_pieces(device, before_piece)
+        finally:
+            self._first_done.set()
+
+    def _prepare_pieces(
         self, device: torch.device | None, before_piece: Callable[[int], None] | None
     ) -> None:
         ranges = self._piece_ranges()
@@ -168,6 +185,7 @@ class CpuPool:
             self._ready_pieces = i + 1
             if i == 0:
                 self.first_piece_s = time.monotonic() - self.started_at
+                self._first_done.set()
         self.all_pieces_s = time.monotonic() - self.started_at
         logger.info(
             "kvoffload: the CPU tier's %.2f GiB is ready: first piece after %.2f s, all after "

@@ -8,15 +8,21 @@ the forward pass that computed their KV and are reported through the worker meta
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorWorkerMetadata,
     SupportsHMA,
+)
+from vllm.distributed.kv_transfer.kv_transfer_state import (
+    get_kv_transfer_group,
+    has_kv_transfer_group,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -25,6 +31,8 @@ from kvoffload.vllm.scheduler_side import SchedulerSide
 from kvoffload.vllm.settings import ConnectorSettings
 from kvoffload.vllm.stats import KVOffloadPromMetrics, KVOffloadStats
 from kvoffload.vllm.worker_side import WorkerSide
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -53,6 +61,7 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config, role, kv_cache_config)
         settings = ConnectorSettings.from_vllm(vllm_config, kv_cache_config)
         self._num_gpu_blocks = kv_cache_config.num_blocks
+        self._pp_size = vllm_config.parallel_config.pipeline_parallel_size
         self._scheduler_side = (
             SchedulerSide(settings) if role == KVConnectorRole.SCHEDULER else None
         )
@@ -108,6 +117,18 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
     def has_pending_push_work(self) -> bool:
         return self._sched().has_pending_push_work()
 
+    def set_xfer_handshake_metadata(
+        self, metadata: dict[int, KVConnectorHandshakeMetadata]
+    ) -> None:
+        self._sched().on_handshake(metadata.values())
+
+    def set_xfer_handshake_metadata_pp_aware(
+        self, metadata: dict[tuple[int, int], KVConnectorHandshakeMetadata]
+    ) -> None:
+        # Every pipeline stage pins a pool of its own: all of them count (vLLM's default
+        # refuses pp_rank > 0, for P/D connectors).
+        self._sched().on_handshake(metadata.values())
+
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         # The counters live on the scheduler side; workers report through the job results.
         return None if self._scheduler_side is None else self._scheduler_side.get_stats()
@@ -141,6 +162,31 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._worker().register_kv_caches(kv_caches, self._num_gpu_blocks)
+
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        # Asked by vLLM after register_kv_caches, for the scheduler's connector before the
+        # first step (vLLM 0.33's EngineCore._set_kv_connector_handshake_metadata).
+        if self._worker_side is None or not self._handshake_is_ours():
+            return None
+        return self._worker_side.handshake()
+
+    def _handshake_is_ours(self) -> bool:
+        """Whether our metadata may be the handshake. Inside a MultiConnector vLLM hands the
+        first sub-connector's to every sub-connector: one with its own (NIXL's) refuses any other,
+        and vLLM's default hook refuses any from a pipeline stage past the first. The tier then
+        grows from the first step's results instead."""
+        top = get_kv_transfer_group() if has_kv_transfer_group() else self
+        if top is self:
+            return True
+        siblings = [c for c in getattr(top, "_connectors", ()) if c is not self]
+        if self._pp_size == 1 and all(c.get_handshake_metadata() is None for c in siblings):
+            return True
+        logger.info(
+            "kvoffload: inside %s the CPU tier is reported with the first step's results, not "
+            "vLLM's handshake: the first step stores nothing",
+            type(top).__name__,
+        )
+        return False
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         assert isinstance(kv_connector_metadata, KVOffloadMetadata)

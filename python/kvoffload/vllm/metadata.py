@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorWorkerMetadata,
 )
@@ -29,6 +30,17 @@ class KVOffloadMetadata(KVConnectorMetadata):
     """Shared tier -> CPU slots, each worker its own shard."""
     cascades: list[RemoteJob] = field(default_factory=list)
     """CPU slots -> shared tier, each worker its own shard."""
+
+
+@dataclass
+class KVOffloadHandshakeMetadata(KVConnectorHandshakeMetadata):
+    """Worker → scheduler once, after `register_kv_caches` and before the first step (vLLM's
+    handshake): how much of this worker's CPU pool is ready, so that the first step already plans
+    against it."""
+
+    rank: int
+    """The worker's place in its engine's PP x PCP x TP grid (`worker_rank`)."""
+    usable_slots: int
 
 
 @dataclass

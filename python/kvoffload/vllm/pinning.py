@@ -19,6 +19,11 @@ logger = logging.getLogger(__name__)
 
 KEYS = ("pin_in_background", "pin_piece_bytes", "numa_node")
 
+FIRST_PIECE_WAIT_S = 1.0
+"""How long a worker's `register_kv_caches` waits for the first piece of a pool prepared in the
+background: the tier is then not empty at the first step (whole, for a pool of one piece), and
+start-up still does not grow with the pool."""
+
 
 @dataclass(frozen=True)
 class Pinning:
@@ -60,7 +65,7 @@ class Pinning:
         node, auto = self._node(device)
         options = {"pin_piece_bytes": self.piece_bytes, "pin_in_background": self.in_background}
         try:
-            return build(**options, numa_node=node)
+            engine = build(**options, numa_node=node)
         except NumaBindError as exc:
             if not auto:
                 raise ConfigError(str(exc)) from exc
@@ -68,7 +73,10 @@ class Pinning:
             logger.warning(
                 "kvoffload: the CPU pool is not placed on the GPU's NUMA node %s (%s)", node, exc
             )
-            return build(**options, numa_node=None)
+            engine = build(**options, numa_node=None)
+        if self.in_background:
+            _wait_first_piece(engine)
+        return engine
 
     def _node(self, device: torch.device) -> tuple[int | None, bool]:
         node = self.numa_node
@@ -88,6 +96,23 @@ class Pinning:
         logger.info("kvoffload: CPU pool NUMA binding: %s (%s)", node, how)
         assert node is None or isinstance(node, int)
         return node, auto
+
+
+def _wait_first_piece(engine: TransferEngine) -> None:
+    pool = engine.pool
+    if pool.wait_first_piece(FIRST_PIECE_WAIT_S):
+        logger.info(
+            "kvoffload: the CPU pool's first piece (%d of %d slots) was ready after %.2f s",
+            pool.usable_slots,
+            pool.num_slots,
+            pool.first_piece_s or 0.0,
+        )
+    elif pool.growing:
+        logger.warning(
+            "kvoffload: the CPU pool's first piece is not ready after %.1f s: the CPU tier starts "
+            "empty (the engine serves from the GPU alone) and grows as its pieces are ready",
+            FIRST_PIECE_WAIT_S,
+        )
 
 
 def gpu_numa_node(device: torch.device) -> int | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
@@ -21,7 +21,11 @@ from kvoffload.scheduler import (
     SchedulerStats,
     StateBlock,
 )
-from kvoffload.vllm.metadata import KVOffloadMetadata, KVOffloadWorkerMetadata
+from kvoffload.vllm.metadata import (
+    KVOffloadHandshakeMetadata,
+    KVOffloadMetadata,
+    KVOffloadWorkerMetadata,
+)
 from kvoffload.vllm.settings import ConnectorSettings
 from kvoffload.vllm.stats import KVOffloadStats, stats_delta
 
@@ -244,6 +248,15 @@ class SchedulerSide:
                 shared.promoted(job_id, count, ok_keys)
             for job_id, (count, written, dropped) in meta.cascaded.items():
                 shared.cascaded(job_id, count, written, dropped)
+
+    def on_handshake(self, metadata: Iterable[object]) -> None:
+        """Each worker's ready slots, once its KV caches are registered: the first step plans
+        against them. Others' metadata (next to ours in a MultiConnector) is not ours to read."""
+        reported = {
+            m.rank: m.usable_slots for m in metadata if isinstance(m, KVOffloadHandshakeMetadata)
+        }
+        if reported:
+            self._grow(reported)
 
     def _grow(self, reported: dict[int, int]) -> None:
         """A slot counts once every worker has its memory ready (each pins its own pool)."""

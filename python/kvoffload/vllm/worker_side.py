@@ -12,7 +12,11 @@ from kvoffload.errors import ConfigError
 from kvoffload.remote import RemoteClient, ShardIO
 from kvoffload.scheduler import LoadJob, StoreJob
 from kvoffload.transfer import JobPart, TransferEngine
-from kvoffload.vllm.metadata import KVOffloadMetadata, KVOffloadWorkerMetadata
+from kvoffload.vllm.metadata import (
+    KVOffloadHandshakeMetadata,
+    KVOffloadMetadata,
+    KVOffloadWorkerMetadata,
+)
 from kvoffload.vllm.settings import ConnectorSettings
 
 logger = logging.getLogger(__name__)
@@ -231,6 +235,12 @@ class WorkerSide:
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
+
+    def handshake(self) -> KVOffloadHandshakeMetadata | None:
+        """What this worker has ready once its KV caches are registered (None before)."""
+        if self.engine is None:
+            return None
+        return KVOffloadHandshakeMetadata(self.rank, self.engine.pool.usable_slots)
 
     def take_worker_meta(self) -> KVOffloadWorkerMetadata | None:
         usable = {} if self.engine is None else {self.rank: self.engine.pool.usable_slots}
