@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
 
-.PHONY: all venv build build-ext test lint test-rust test-python bench run wheel gpu-check clean
+.PHONY: all venv build build-ext test lint test-rust test-python docs bench run wheel gpu-check clean
 
 all: build
 
@@ -32,7 +32,7 @@ build-ext: $(VENV)/.base
 
 build: $(VENV)/.deps build-ext
 
-test: build lint test-rust test-python
+test: build lint test-rust test-python docs
 
 lint: build
 	cargo fmt --all --check
@@ -44,6 +44,11 @@ lint: build
 
 test-rust:
 	cargo test -p kvoffload-core -p kvoffload-remote
+
+# The docs site, into site/: a broken link, anchor or page, or an API reference entry that does
+# not resolve, fails the build (--strict). Its Python examples run in test-python.
+docs: build
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # Benchmarks run once, untimed, so they never rot.
 test-python: build
@@ -67,4 +72,4 @@ gpu-check: build
 
 clean:
 	cargo clean
-	rm -rf $(VENV) python/kvoffload/_rust*.so .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) site python/kvoffload/_rust*.so .pytest_cache .ruff_cache .mypy_cache .hypothesis
