@@ -149,9 +149,9 @@ def test_verify_data_catches_a_corrupted_copy(tmp_path, run_cli, monkeypatch):
     assert "--verify-data: 1 loaded blocks held wrong bytes" in err
 
 
-def test_the_readme_trace_example_runs_as_pasted(tmp_path, run_cli):
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    example = readme.split("**Your own traffic**")[1].split("```json\n")[1].split("```")[0]
+def test_the_docs_trace_example_runs_as_pasted(tmp_path, run_cli):
+    page = (Path(__file__).parents[2] / "docs" / "simulator.md").read_text()
+    example = page.split("**Your own traffic**")[1].split("```json\n")[1].split("```")[0]
     trace = tmp_path / "t.jsonl"
     trace.write_text(example)
     code, out, err = run_cli("--trace", str(trace))

@@ -45,7 +45,7 @@ def _flag(entry: Mapping[str, Any], key: str, default: bool) -> bool:
 
 @dataclass(frozen=True)
 class RemoteTierConfig:
-    """The shared tier's settings; the README's "Shared tier" table documents each one."""
+    """The shared tier's settings; `docs/shared-tier.md` documents each one."""
 
     url: str
     namespace: str

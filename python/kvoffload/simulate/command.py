@@ -29,7 +29,7 @@ SIMULATE_HELP = """\
 Replays a workload through the real offload scheduler and CPU-tier store around a model of a
 vLLM engine (no GPU, no vLLM) and prints what the CPU tier saves and costs, on one engine or a
 fleet behind a router. `--compare` puts two settings side by side, `--sweep-cpu-gib` sizes the
-tier, `--sweep-instances` the fleet. The README's "Simulator" section explains the model, the
+tier, `--sweep-instances` the fleet. `docs/simulator.md` explains the model, the
 trace formats and how to read the table.
 
 Exit codes: 0 done, 1 `--verify-data` found wrong bytes (or the output could not be written),

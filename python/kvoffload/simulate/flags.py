@@ -131,7 +131,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--trace",
         metavar="FILE.jsonl",
-        help="replay these requests instead; format in the README ('Simulator')",
+        help="replay these requests instead; format in docs/simulator.md",
     )
     w.add_argument(
         "--trace-format",

@@ -75,7 +75,7 @@ _GAUGES = frozenset({"jobs_in_flight", "store_bytes_in_flight", "breaker_state"}
 
 
 class RedisTier(SecondaryTierManager):
-    """A `SecondaryTierManager` on Redis 7 / Valkey 8; see the README's "Shared tier" section for
+    """A `SecondaryTierManager` on Redis 7 / Valkey 8; see `docs/shared-tier.md` for
     every key. Faults degrade to CPU-only: lookups miss, stores drop, loads fail and recompute."""
 
     medium: ClassVar[Medium] = Medium.STORAGE
