@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sim_helpers import TINY, ids_line, write_trace
 
-from kvoffload.simulate.remote_tier import RemoteConfig, RemoteTier
+from kvoffload.simulate.shared_tier import SharedTierConfig, SimulatedSharedTier
 from kvoffload.store import KeyList
 
 BLOCK = ["--hash-block-tokens", "32"]  # one id = 32 tokens = 2 GPU blocks = 2 chunks
@@ -111,7 +111,7 @@ def _keys(*names: bytes) -> KeyList:
 
 
 def test_the_tier_reads_a_key_only_once_its_write_landed():
-    tier = RemoteTier(RemoteConfig(4))
+    tier = SimulatedSharedTier(SharedTierConfig(4))
     assert tier.put(_keys(b"a", b"b"), ready_at=2.0) == 0
     assert tier.lookup_prefix([b"a", b"b"], now=1.0) == 0
     assert tier.lookup_prefix([b"a", b"c", b"b"], now=2.0) == 1  # stops at the absent key
@@ -121,7 +121,7 @@ def test_the_tier_reads_a_key_only_once_its_write_landed():
 
 def test_eviction_takes_the_least_recently_used_of_five_sampled_keys():
     # Capacity 1: the only key is the whole sample.
-    tier = RemoteTier(RemoteConfig(1))
+    tier = SimulatedSharedTier(SharedTierConfig(1))
     tier.put(_keys(b"old"), 0.0)
     assert tier.put(_keys(b"new"), 0.0) == 1
     assert (tier.lookup_prefix([b"old"], 1.0), tier.lookup_prefix([b"new"], 1.0)) == (0, 1)
@@ -129,7 +129,7 @@ def test_eviction_takes_the_least_recently_used_of_five_sampled_keys():
     # 1/32, and never evicts x when it holds y. Over 20 seeds y goes each time but one or two.
     gone = []
     for seed in range(20):
-        tier = RemoteTier(RemoteConfig(2, seed=seed))
+        tier = SimulatedSharedTier(SharedTierConfig(2, seed=seed))
         tier.put(_keys(b"y", b"x"), 0.0)
         tier.lookup_prefix([b"x"], 0.0)
         tier.put(_keys(b"z"), 0.0)
@@ -138,7 +138,7 @@ def test_eviction_takes_the_least_recently_used_of_five_sampled_keys():
     # Seeded: the same seed evicts the same keys.
     runs = []
     for _ in range(2):
-        tier = RemoteTier(RemoteConfig(8, seed=7))
+        tier = SimulatedSharedTier(SharedTierConfig(8, seed=7))
         tier.put(KeyList([bytes([i]) for i in range(40)]), 0.0)
         runs.append([tier.lookup_prefix([bytes([i])], 0.0) for i in range(40)])
     assert runs[0] == runs[1]

@@ -184,9 +184,9 @@ def test_verify_data_catches_blocks_reused_while_a_store_is_in_flight(
     tmp_path, run_cli, monkeypatch
 ):
     pytest.importorskip("torch")
-    from kvoffload.simulate import engine
+    from kvoffload.simulate import instance
 
-    finish = engine.Instance._finish
+    finish = instance.Instance._finish
 
     def free_blocks_at_once(self, finished):
         # An engine that ignores hold_blocks: frees the blocks its stores still read.
@@ -194,7 +194,7 @@ def test_verify_data_catches_blocks_reused_while_a_store_is_in_flight(
         for run in finished:
             self._release(run)
 
-    monkeypatch.setattr(engine.Instance, "_finish", free_blocks_at_once)
+    monkeypatch.setattr(instance.Instance, "_finish", free_blocks_at_once)
     # A's stores (5 chunks at 0.01 GB/s: 8 ms) are still in flight when B, arriving at once,
     # takes A's freed blocks and computes into them; C then loads what A's stores copied.
     lines = [THREE[0], {**THREE[1], "arrival": 0.001}, {**THREE[2], "arrival": 1}]

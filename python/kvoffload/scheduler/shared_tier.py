@@ -1,6 +1,6 @@
 """`SharedTier`: the scheduler's half of a shared (remote) tier behind the CPU tier.
 
-A lookup that runs past the CPU tier's ready prefix asks the remote tier, without blocking
+A lookup that runs past the CPU tier's ready prefix asks the shared tier, without blocking
 (`RemoteLookups`: "ask again" until the server has answered). The leading run of remote hits is
 promoted: reserved as pending CPU-tier entries (neither evictable nor loadable) that the workers
 fill, each its own shard; the request asks again until they are ready and then loads them as any
@@ -90,9 +90,9 @@ class SharedTier:
     def promote(
         self, request_id: str, keys: KeyList, first: int, start: int, end: int, rank: int
     ) -> bool:
-        """Looks `keys[start:end]` up in the remote tier (the CPU tier has `keys[first:start]`
+        """Looks `keys[start:end]` up in the shared tier (the CPU tier has `keys[first:start]`
         ready and not `keys[start]`) and promotes its leading run of hits. True: ask again (a
-        promotion started, or an answer is still out); False: the remote tier adds nothing now."""
+        promotion started, or an answer is still out); False: the shared tier adds nothing now."""
         if self.lookups.down:
             return False  # a miss at once, not a step's wait for a check that fails anyway
         found, waiting = self.lookups.lookup_prefix(keys.view(start, end), request_id)

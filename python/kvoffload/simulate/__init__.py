@@ -3,8 +3,8 @@ through an engine model around the real offload scheduler and CPU-tier store, on
 fleet behind a router, with no GPU and no vLLM. `--verify-data` adds the transfer engine in CPU
 mode (torch)."""
 
-from kvoffload.simulate.engine import EngineConfig
 from kvoffload.simulate.fleet import ROUTERS, FleetResult, simulate, simulate_fleet
+from kvoffload.simulate.instance import EngineConfig
 from kvoffload.simulate.models import MODELS
 from kvoffload.simulate.report import SimResult
 from kvoffload.simulate.trace import (

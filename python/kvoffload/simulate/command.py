@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvoffload.scheduler import OffloadConfig
-from kvoffload.simulate.engine import DataCheck, EngineConfig
 from kvoffload.simulate.flags import UsageError, flag, workload_fields
 from kvoffload.simulate.fleet import FleetResult, simulate_fleet
+from kvoffload.simulate.instance import DataCheck, EngineConfig
 from kvoffload.simulate.models import DEFAULT_MODEL, MODELS
-from kvoffload.simulate.remote_tier import RemoteConfig
 from kvoffload.simulate.report import SimResult, header, instance_table, sweep_table, table, title
 from kvoffload.simulate.runs import Plan, Setting, plan
+from kvoffload.simulate.shared_tier import SharedTierConfig
 from kvoffload.simulate.trace import Trace, TraceError, TraceOptions, load_trace
 from kvoffload.simulate.verify import PAGE_BYTES
 from kvoffload.simulate.workloads import WORKLOADS, Request, SimRequest, Workload, describe
@@ -213,8 +213,8 @@ def run(args: argparse.Namespace) -> int:
     }
     remote = None
     if args.remote_gib is not None:
-        d = RemoteConfig(1)
-        remote = RemoteConfig(
+        d = SharedTierConfig(1)
+        remote = SharedTierConfig(
             _check_slots("--remote-gib", args.remote_gib, bytes_per_chunk),
             gbps=d.gbps if args.remote_gbps is None else args.remote_gbps,
             latency_ms=d.latency_ms if args.remote_latency_ms is None else args.remote_latency_ms,
@@ -402,7 +402,7 @@ def _run(
     engine: EngineConfig,
     bytes_per_chunk: int,
     num_slots: int,
-    remote: RemoteConfig | None,
+    remote: SharedTierConfig | None,
     setting: Setting,
     args: argparse.Namespace,
     bar: Any,

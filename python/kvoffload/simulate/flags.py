@@ -10,10 +10,10 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from kvoffload.simulate.engine import MIN_HBM_GBPS, EngineConfig
 from kvoffload.simulate.fleet import ROUTERS
+from kvoffload.simulate.instance import MIN_HBM_GBPS, EngineConfig
 from kvoffload.simulate.models import DEFAULT_MODEL, MODELS
-from kvoffload.simulate.remote_tier import RemoteConfig
+from kvoffload.simulate.shared_tier import SharedTierConfig
 from kvoffload.simulate.trace import FORMATS
 from kvoffload.simulate.workloads import WORKLOADS
 from kvoffload.store import POLICY_NAMES
@@ -250,8 +250,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     fl.add_argument("--router", choices=ROUTERS, help="places each request (default: round-robin)")
     fl.add_argument("--per-instance", action="store_true", help="also a table per instance")
 
-    rt = s.add_argument_group("shared remote tier (a Redis/Valkey server behind every instance)")
-    dr = RemoteConfig(1)
+    rt = s.add_argument_group("shared tier (a Redis/Valkey server behind every instance)")
+    dr = SharedTierConfig(1)
     rt.add_argument("--remote-gib", type=_positive, metavar="GIB", help="its size (default: none)")
     rt.add_argument(
         "--remote-gbps",

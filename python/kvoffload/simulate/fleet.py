@@ -2,7 +2,7 @@
 behind a router that places each request when it arrives. Every engine keeps its own clock and
 the earliest one moves next, so the router sees each engine as it is at the arrival. Follow-up
 turns are held back until the turn they follow has finished, on whichever engine ran it. A
-shared remote tier (`remote_tier.py`), if any, sits behind every engine's CPU tier.
+shared tier (`shared_tier.py`), if any, sits behind every engine's CPU tier.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from kvoffload.scheduler import OffloadConfig
-from kvoffload.simulate.engine import DataCheck, EngineConfig, Instance, Run, ttft_stats
-from kvoffload.simulate.remote_tier import RemoteConfig, RemoteLink, RemoteTier
+from kvoffload.simulate.instance import DataCheck, EngineConfig, Instance, Run, ttft_stats
 from kvoffload.simulate.report import SimResult
+from kvoffload.simulate.shared_tier import SharedTierConfig, SharedTierLink, SimulatedSharedTier
 from kvoffload.simulate.workloads import Request
 from kvoffload.store import KeyList
 
@@ -182,7 +182,7 @@ def simulate_fleet(
     router: str = "round-robin",
     data: Callable[[], DataCheck | None] = lambda: None,
     on_finish: Callable[[], None] = lambda: None,
-    remote: RemoteConfig | None = None,
+    remote: SharedTierConfig | None = None,
 ) -> FleetResult:
     """Replays `requests` (a list, or a stream in arrival order without follow-ups) on
     `instances` engines, each with a fresh scheduler and a CPU tier of `config.cpu_bytes_to_use`
@@ -193,10 +193,10 @@ def simulate_fleet(
     if router not in ROUTERS:
         raise ValueError(f"router={router!r} is invalid; allowed: {', '.join(ROUTERS)}")
 
-    tier = RemoteTier(remote) if remote is not None else None
+    tier = SimulatedSharedTier(remote) if remote is not None else None
 
     def make_instance(finished: Callable[[Run, float], None]) -> Instance:
-        link = RemoteLink(tier, bytes_per_chunk) if tier is not None else None
+        link = SharedTierLink(tier, bytes_per_chunk) if tier is not None else None
         return Instance(engine, config, bytes_per_chunk, data(), finished, link)
 
     return _Fleet(requests, make_instance, instances, router, engine, on_finish).run()

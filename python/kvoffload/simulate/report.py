@@ -15,9 +15,9 @@ class SimResult:
     gpu_hit_tokens: int = 0
     """Prompt tokens found in the GPU prefix cache."""
     cpu_hit_tokens: int = 0
-    """Prompt tokens loaded from the CPU tier (not copied there from the remote tier for it)."""
+    """Prompt tokens loaded from the CPU tier (not copied there from the shared tier for it)."""
     remote_hit_tokens: int = 0
-    """Prompt tokens copied from the shared remote tier to the CPU tier, then loaded."""
+    """Prompt tokens copied from the shared tier to the CPU tier, then loaded."""
     recomputed_tokens: int = 0
     """Prompt tokens computed (`prompt = GPU hits + CPU hits + remote hits + recomputed`)."""
     chunks_written: int = 0
@@ -42,11 +42,11 @@ class SimResult:
     scheduler_seconds: float = 0.0
     """Real time spent inside the offload scheduler (and store)."""
     remote_bytes_read: int = 0
-    """Bytes copied from the remote tier to the CPU tier."""
+    """Bytes copied from the shared tier to the CPU tier."""
     remote_bytes_written: int = 0
-    """Bytes written from the CPU tier to the remote tier."""
+    """Bytes written from the CPU tier to the shared tier."""
     remote_evictions: int = 0
-    """Keys the remote tier evicted for this instance's writes."""
+    """Keys the shared tier evicted for this instance's writes."""
     verified_chunks: int = 0
     mismatched_blocks: int = 0
     ignored_params: dict[str, int] = field(default_factory=dict)

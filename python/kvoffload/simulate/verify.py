@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvoffload.scheduler.jobs import LoadJob, StoreJob
-from kvoffload.simulate.engine import DataCheck
+from kvoffload.simulate.instance import DataCheck
 
 PAGE_BYTES = 64
 

@@ -1,4 +1,5 @@
-"""The engine model: vLLM-like continuous batching around the real `OffloadScheduler` and store.
+"""One simulated instance (a vLLM engine): continuous batching around the real `OffloadScheduler`
+and store.
 
 Per step: finished transfers are reported; arrived requests are admitted in order while fewer
 than `max_running` compute and the GPU has blocks for their whole prompt and output (reserved
@@ -10,7 +11,7 @@ prefix the CPU tier holds first waits for its load, holding its blocks but not a
 place (vLLM's WAITING_FOR_REMOTE_KVS). Transfers run one at a time per direction at `pcie_gbps`,
 from the step that submits them; their bytes move (with `--verify-data`) when they end.
 
-`fleet.py` runs one or more of these engines behind a router, with `remote_tier.py`'s shared
+`fleet.py` runs one or more of these instances behind a router, with `shared_tier.py`'s shared
 tier behind them if asked: a request whose prefix continues there waits for it to be copied into
 the CPU tier (as for a chunk being stored), then loads it as a CPU hit.
 """
@@ -29,8 +30,8 @@ from kvoffload import _rust
 from kvoffload.scheduler import OffloadConfig, OffloadScheduler, RequestUpdate
 from kvoffload.scheduler.jobs import LoadJob, StoreJob
 from kvoffload.simulate.gpu_cache import GpuPrefixCache
-from kvoffload.simulate.remote_tier import RemoteLink
 from kvoffload.simulate.report import SimResult
+from kvoffload.simulate.shared_tier import SharedTierLink
 from kvoffload.simulate.workloads import Request
 from kvoffload.store import KeyList
 
@@ -131,7 +132,7 @@ class Run:
     eligible_at: float = 0.0
     released: bool = False
     promoted: set[int] = field(default_factory=set)
-    """Chunks copied from the remote tier for it: their loaded tokens are remote hits."""
+    """Chunks copied from the shared tier for it: their loaded tokens are remote hits."""
 
 
 class Instance:
@@ -146,7 +147,7 @@ class Instance:
         bytes_per_chunk: int,
         data: DataCheck | None,
         on_finish: Callable[[Run, float], None],
-        remote: RemoteLink | None = None,
+        remote: SharedTierLink | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
@@ -170,7 +171,7 @@ class Instance:
         self.by_job: dict[int, Run] = {}
         self.remote = remote
         self.promotions: list[tuple[float, int, KeyList]] = []
-        """Copies from the remote tier in flight: when they land, a tie-break, their keys."""
+        """Copies from the shared tier in flight: when they land, a tie-break, their keys."""
         self.promotion_seq = 0
         self.now = 0.0
         self.res = SimResult()
@@ -270,7 +271,7 @@ class Instance:
                 n_prompt,
                 run.hashes[: n_prompt // tpb],
             )
-            # A chunk it needs is in flight, or now comes from the remote tier: try again next
+            # A chunk it needs is in flight, or now comes from the shared tier: try again next
             # step.
             if ext is None or (self.remote is not None and self._promote(run, num_local)):
                 blocked.append(run)
@@ -304,7 +305,7 @@ class Instance:
 
     def _promote(self, run: Run, num_local: int) -> bool:
         """Starts copying into the CPU tier the chunks that continue its hit there from the
-        remote tier; True if it did. The window is the load's without `max_load_tokens`: the
+        shared tier; True if it did. The window is the load's without `max_load_tokens`: the
         scheduler's lookup caps what is loaded, not what is copied."""
         assert self.remote is not None
         n_prompt, tpc, store = run.req.num_prompt, self.config.tokens_per_chunk, self.sched.store

@@ -1,4 +1,4 @@
-"""A shared remote tier (a Redis/Valkey server) behind every instance of a fleet.
+"""A shared tier (a Redis/Valkey server) behind every instance of a fleet.
 
 It holds `capacity` chunks by key. Every chunk an instance stores in its CPU tier is written to
 it behind the store; an instance looks it up for the rest of a prefix its CPU tier misses, and a
@@ -22,7 +22,7 @@ LRU_SAMPLES = 5
 
 
 @dataclass(frozen=True)
-class RemoteConfig:
+class SharedTierConfig:
     capacity: int
     """Chunks the tier holds."""
     gbps: float = 12.5
@@ -43,11 +43,11 @@ class RemoteConfig:
             )
 
 
-class RemoteTier:
+class SimulatedSharedTier:
     """The server: which keys it holds and when each becomes readable (in Rust: a batch of
     keys is one call)."""
 
-    def __init__(self, config: RemoteConfig) -> None:
+    def __init__(self, config: SharedTierConfig) -> None:
         self.config = config
         self._keys = _rust.SampledLru(config.capacity, LRU_SAMPLES, config.seed)
 
@@ -64,11 +64,11 @@ class RemoteTier:
         return self._keys.put(keys, ready_at)
 
 
-class RemoteLink:
+class SharedTierLink:
     """One instance's link to the tier: its reads and writes, one at a time per direction, and
     what they moved."""
 
-    def __init__(self, tier: RemoteTier, bytes_per_chunk: int) -> None:
+    def __init__(self, tier: SimulatedSharedTier, bytes_per_chunk: int) -> None:
         self.tier = tier
         self.bytes_per_chunk = bytes_per_chunk
         self._free = {"read": 0.0, "write": 0.0}
