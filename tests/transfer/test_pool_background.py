@@ -52,6 +52,7 @@ def test_waiting_for_the_first_piece_returns_once_it_is_ready_not_the_whole_pool
     gate = Gate()
     pool = CpuPool(8, 1000, piece_bytes=2 * 1000, background=True, before_piece=gate)
     assert pool.wait_first_piece(0.01) is False  # held back: the wait is bounded
+    assert pool.first_piece_pending
     opener = threading.Timer(0.05, gate.open, args=(0,))
     opener.start()
     assert pool.wait_first_piece(30) is True
@@ -66,7 +67,9 @@ def test_a_first_piece_that_fails_ends_the_wait_at_once():
     gate = Gate(fail=frozenset({0}))
     gate.open(3)
     pool = CpuPool(8, 1000, piece_bytes=2 * 1000, background=True, before_piece=gate)
-    assert pool.wait_first_piece(30) is False  # returns when the piece fails, not after 30 s
+    pool.wait_ready(30)
+    assert not pool.first_piece_pending  # a wait for it returns at once, not after its timeout
+    assert pool.wait_first_piece(30) is False
     assert pool.usable_slots == 0 and not pool.growing
     pool.close()
 

@@ -143,6 +143,24 @@ def test_the_handshake_counts_a_slot_once_every_worker_has_it(model_dir):
     assert store.usable_slots == 24  # growth after it comes from step outputs
 
 
+def test_a_handshake_short_of_ranks_or_with_bad_ones_keeps_the_tier_empty_and_says_why(
+    model_dir, caplog
+):
+    """PCP ranks without DCP share vLLM's (pp_rank, tp_rank) key: one of them is lost. A rank
+    past the world size is another engine's; a count past the tier is capped."""
+    side = two_workers(make_rig(model_dir))
+    store = side.scheduler.store
+    with caplog.at_level(logging.WARNING, logger="kvoffload"):
+        side.on_handshake([KVOffloadHandshakeMetadata(0, 24), KVOffloadHandshakeMetadata(5, 30)])
+        side.on_handshake([KVOffloadHandshakeMetadata(-1, 30), KVOffloadHandshakeMetadata(1, True)])
+    assert store.usable_slots == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("reported no CPU pool for workers [1]" in m for m in messages) == 2
+    assert sum("reported rank=5, usable_slots=30" in m for m in messages) == 1  # once
+    side.on_handshake([KVOffloadHandshakeMetadata(1, 10_000)])
+    assert store.usable_slots == 24  # rank 1's count capped at the tier's 32 slots
+
+
 def test_pipeline_stages_are_handed_over_too(model_dir):
     """vLLM's default hook refuses pp_rank > 0 (it is meant for P/D handshakes); ours takes every
     stage's pool."""

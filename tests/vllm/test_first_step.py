@@ -205,3 +205,13 @@ def test_inside_a_multi_connector_the_handshake_is_left_to_others_it_would_break
         assert (metadata.rank, metadata.usable_slots) == (0, 64)
     else:
         assert metadata is None
+
+
+def test_two_of_ours_in_one_multi_connector_do_not_ask_each_other_forever(model_dir, monkeypatch):
+    """Each asks its siblings for a handshake, and a sibling of ours asks back: the one asked
+    again answers none, and the tiers grow from the first step's results."""
+    one, two = make_rig(model_dir).worker, make_rig(model_dir).worker
+    multi = type("MultiConnector", (), {"_connectors": [one, two]})()
+    monkeypatch.setattr(kv_transfer_state, "_KV_CONNECTOR_AGENT", multi)
+    assert one.get_handshake_metadata() is None  # two has one (asked by one, one said none)
+    assert two.get_handshake_metadata() is None

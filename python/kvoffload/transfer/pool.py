@@ -134,6 +134,11 @@ class CpuPool:
     def growing(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def first_piece_pending(self) -> bool:
+        """The first piece is being prepared still (not ready, not failed, not stopped)."""
+        return not self._first_done.is_set()
+
     def wait_first_piece(self, timeout_s: float) -> bool:
         """Blocks until the first piece is ready (then True) or the preparation ended without
         it or `timeout_s` passed (then False)."""

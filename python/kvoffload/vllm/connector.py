@@ -26,6 +26,7 @@ from vllm.distributed.kv_transfer.kv_transfer_state import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvoffload.vllm.logs import log_beside_vllm
 from kvoffload.vllm.metadata import KVOffloadMetadata
 from kvoffload.vllm.scheduler_side import SchedulerSide
 from kvoffload.vllm.settings import ConnectorSettings
@@ -59,9 +60,11 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        log_beside_vllm()
         settings = ConnectorSettings.from_vllm(vllm_config, kv_cache_config)
         self._num_gpu_blocks = kv_cache_config.num_blocks
         self._pp_size = vllm_config.parallel_config.pipeline_parallel_size
+        self._asking_siblings = False
         self._scheduler_side = (
             SchedulerSide(settings) if role == KVConnectorRole.SCHEDULER else None
         )
@@ -166,20 +169,25 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
         # Asked by vLLM after register_kv_caches, for the scheduler's connector before the
         # first step (vLLM 0.33's EngineCore._set_kv_connector_handshake_metadata).
-        if self._worker_side is None or not self._handshake_is_ours():
-            return None
+        if self._worker_side is None or self._asking_siblings or not self._handshake_is_ours():
+            return None  # asked again while asking the siblings (a nested MultiConnector): none
         return self._worker_side.handshake()
 
     def _handshake_is_ours(self) -> bool:
         """Whether our metadata may be the handshake. Inside a MultiConnector vLLM hands the
-        first sub-connector's to every sub-connector: one with its own (NIXL's) refuses any other,
-        and vLLM's default hook refuses any from a pipeline stage past the first. The tier then
-        grows from the first step's results instead."""
+        first handshake a sub-connector has to every sub-connector: one with its own (NIXL's)
+        refuses any other, and vLLM's default hook refuses any from a pipeline stage past the
+        first. The tier then grows from the first step's results instead."""
         top = get_kv_transfer_group() if has_kv_transfer_group() else self
         if top is self:
             return True
         siblings = [c for c in getattr(top, "_connectors", ()) if c is not self]
-        if self._pp_size == 1 and all(c.get_handshake_metadata() is None for c in siblings):
+        self._asking_siblings = True
+        try:
+            alone = all(c.get_handshake_metadata() is None for c in siblings)
+        finally:
+            self._asking_siblings = False
+        if self._pp_size == 1 and alone:
             return True
         logger.info(
             "kvoffload: inside %s the CPU tier is reported with the first step's results, not "

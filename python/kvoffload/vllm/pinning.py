@@ -107,7 +107,7 @@ def _wait_first_piece(engine: TransferEngine) -> None:
             pool.num_slots,
             pool.first_piece_s or 0.0,
         )
-    elif pool.growing:
+    elif pool.first_piece_pending:  # else it failed, and the pool said so
         logger.warning(
             "kvoffload: the CPU pool's first piece is not ready after %.1f s: the CPU tier starts "
             "empty (the engine serves from the GPU alone) and grows as its pieces are ready",

@@ -96,6 +96,7 @@ class SchedulerSide:
         self._usable: dict[int, int] = {}
         """Each worker's usable CPU slots; the tier uses what all of them have."""
         self._usable_reported = -1
+        self._said_bad_report = False
         logger.info(
             "kvoffload: %d CPU-tier slots of %d tokens (%d bytes over %d workers), policy %s, "
             "offload_prompt_only=%s, shared tier %s",
@@ -255,16 +256,39 @@ class SchedulerSide:
         reported = {
             m.rank: m.usable_slots for m in metadata if isinstance(m, KVOffloadHandshakeMetadata)
         }
-        if reported:
-            self._grow(reported)
+        if not reported:
+            return
+        self._grow(reported)
+        missing = sorted(set(range(self.settings.world_size)) - set(self._usable))
+        if missing:
+            # vLLM keys the handshake by (pp_rank, tp_rank): ranks that share a key (prefill
+            # context parallelism without decode context parallelism) reach it as one.
+            logger.warning(
+                "kvoffload: vLLM's handshake reported no CPU pool for workers %s: the CPU tier "
+                "starts empty and grows once every worker has reported with a step's results",
+                missing,
+            )
 
     def _grow(self, reported: dict[int, int]) -> None:
         """A slot counts once every worker has its memory ready (each pins its own pool)."""
-        for rank, slots in reported.items():
-            self._usable[rank] = max(slots, self._usable.get(rank, 0))
-        if len(self._usable) < self.settings.world_size:
-            return
+        world_size = self.settings.world_size
         store = self.scheduler.store
+        for rank, slots in reported.items():
+            if not (type(rank) is int and 0 <= rank < world_size and type(slots) is int):
+                if not self._said_bad_report:
+                    self._said_bad_report = True
+                    logger.error(
+                        "kvoffload: a worker reported rank=%r, usable_slots=%r; allowed: a rank "
+                        "in 0..%d and an int (ignored)",
+                        rank,
+                        slots,
+                        world_size - 1,
+                    )
+                continue
+            # More than the tier holds is another pool's size: never more than ours.
+            self._usable[rank] = min(max(slots, self._usable.get(rank, 0)), store.num_slots)
+        if len(self._usable) < world_size:
+            return
         usable = min(self._usable.values())
         if usable > store.usable_slots:
             if store.usable_slots == 0 or usable == store.num_slots:

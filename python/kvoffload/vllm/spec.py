@@ -24,6 +24,7 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from kvoffload.errors import ConfigError, NotSupportedError
 from kvoffload.scheduler import OffloadConfig
 from kvoffload.transfer.progress import PoolProgress
+from kvoffload.vllm.logs import log_beside_vllm
 from kvoffload.vllm.pinning import Pinning
 from kvoffload.vllm.spec_manager import KVOffloadManager
 from kvoffload.vllm.spec_worker import KVOffloadWorker
@@ -72,6 +73,7 @@ class KVOffloadSpec(OffloadingSpec):
 
     def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
+        log_beside_vllm()
         extra = dict(config.extra_config)
         if self.blocks_per_chunk < 1:  # vLLM turns block_size=0 into 0 blocks per chunk
             given = {k: extra[k] for k in ("block_size", "blocks_per_chunk") if k in extra}

@@ -22,7 +22,8 @@ _COUNTERS: dict[str, str] = {
     "hit_tokens": "Tokens loaded from the CPU tier instead of recomputed",
     "chunks_loaded": "Chunks copied CPU -> GPU",
     "bytes_loaded": "Bytes copied CPU -> GPU (all workers)",
-    "load_failures": "Load jobs that failed (their tokens were recomputed)",
+    "load_failures": "Load jobs that failed (their tokens recomputed, or the request failed: "
+    "kv_load_failure_policy)",
     "chunks_stored": "Chunks copied GPU -> CPU",
     "bytes_stored": "Bytes copied GPU -> CPU (all workers)",
     "store_failures": "Store jobs that failed (their chunks were dropped)",

@@ -1,0 +1,298 @@
+"""The Grafana dashboard (docs/grafana/kvoffload-dashboard.json) queries exactly the metrics
+kvoffload exports, under the names Prometheus scrapes.
+
+The names are read from the sources with `ast`, so that this runs without vLLM:
+`kvoffload/vllm/stats.py` (`_COUNTERS`, `GAUGES`, exported by `KVOffloadPromMetrics` under the
+prefix of its f-strings) and `kvoffload/vllm/redis_tier.py` (`_COUNTERS` and the gauges of
+`RedisTier.build_metric_definitions`, under `_METRIC`). prometheus_client scrapes a counter
+named `x` as `x_total`, and a gauge under its own name.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+DASHBOARD = ROOT / "docs" / "grafana" / "kvoffload-dashboard.json"
+OPERATIONS = ROOT / "docs" / "operations.md"
+STATS = ROOT / "python" / "kvoffload" / "vllm" / "stats.py"
+REDIS_TIER = ROOT / "python" / "kvoffload" / "vllm" / "redis_tier.py"
+
+# What a metric name may look like in PromQL; ours are the ones that mention kvoffload.
+IDENTIFIER = re.compile(r"(?<![\w:$])[A-Za-z_:][A-Za-z0-9_:]*")
+OURS = re.compile(r"(?:vllm:kvoffload_|kvoffload:redis_tier_)[a-z_]+")
+
+
+def scraped(name: str, kind: str) -> str:
+    """The name prometheus_client exposes for a metric created as `name`."""
+    assert kind in ("counter", "gauge"), kind
+    return name.removesuffix("_total") + "_total" if kind == "counter" else name
+
+
+def _module_literal(tree: ast.Module, name: str) -> object:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == name
+            and node.value is not None
+        ):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"no module-level {name} found")
+
+
+def _name_prefixes(tree: ast.Module, factory: str) -> set[str]:
+    """The constant heads of the f-strings passed as `name=` to `self.<factory>(...)`."""
+    prefixes = set()
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == factory
+        ):
+            continue
+        for kw in node.keywords:
+            if kw.arg == "name":
+                assert isinstance(kw.value, ast.JoinedStr), ast.dump(kw.value)
+                head = kw.value.values[0]
+                assert isinstance(head, ast.Constant), ast.dump(head)
+                prefixes.add(head.value)
+    return prefixes
+
+
+def connector_metrics() -> dict[str, str]:
+    """KVOffloadConnector's metrics: scraped name -> "counter" or "gauge"."""
+    tree = ast.parse(STATS.read_text())
+    counters = _module_literal(tree, "_COUNTERS")
+    gauges = _module_literal(tree, "GAUGES")
+    assert isinstance(counters, dict) and isinstance(gauges, dict)
+    (counter_prefix,) = _name_prefixes(tree, "_counter_cls")
+    (gauge_prefix,) = _name_prefixes(tree, "_gauge_cls")
+    out = {scraped(counter_prefix + n, "counter"): "counter" for n in counters}
+    out.update({scraped(gauge_prefix + n, "gauge"): "gauge" for n in gauges})
+    return out
+
+
+def redis_tier_metrics() -> dict[str, str]:
+    """RedisTier's metrics (through vLLM's OffloadingConnector, which creates each definition
+    under its own name): scraped name -> "counter" or "gauge"."""
+    tree = ast.parse(REDIS_TIER.read_text())
+    prefix = _module_literal(tree, "_METRIC")
+    counters = _module_literal(tree, "_COUNTERS")
+    assert isinstance(prefix, str) and isinstance(counters, dict)
+    (build,) = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "build_metric_definitions"
+    ]
+    # The counters: a comprehension of OffloadingCounterMetadata over _COUNTERS.
+    comprehensions = [
+        node
+        for node in ast.walk(build)
+        if isinstance(node, ast.DictComp)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == "OffloadingCounterMetadata"
+    ]
+    assert len(comprehensions) == 1
+    assert "_COUNTERS.items()" in ast.unparse(comprehensions[0].generators[0].iter)
+    out = {scraped(prefix + n, "counter"): "counter" for n in counters}
+    # The gauges: `metrics[_METRIC + "..."] = OffloadingGaugeMetadata(...)`.
+    for node in ast.walk(build):
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        func = node.value.func
+        if not (isinstance(func, ast.Name) and func.id == "OffloadingGaugeMetadata"):
+            continue
+        (target,) = node.targets
+        assert isinstance(target, ast.Subscript)
+        key = target.slice
+        assert isinstance(key, ast.BinOp) and isinstance(key.right, ast.Constant)
+        assert isinstance(key.left, ast.Name) and key.left.id == "_METRIC"
+        out[scraped(prefix + key.right.value, "gauge")] = "gauge"
+    return out
+
+
+def exported() -> dict[str, str]:
+    return {**connector_metrics(), **redis_tier_metrics()}
+
+
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def panels(board: dict) -> list[dict]:
+    """Every panel, rows' nested ones too (a row itself queries nothing)."""
+    out = []
+    for panel in board["panels"]:
+        out.append(panel)
+        out.extend(panel.get("panels", []))
+    return out
+
+
+def queries(board: dict) -> list[dict]:
+    return [p for p in panels(board) if p["type"] != "row"]
+
+
+def metric_names(expr: str) -> set[str]:
+    """The identifiers of a PromQL expression that name one of our metrics, or look like a
+    metric name (a colon: recording-rule or vLLM style)."""
+    unquoted = re.sub(r'"[^"]*"', '""', expr)
+    return {
+        token
+        for token in IDENTIFIER.findall(unquoted)
+        if ":" in token or "kvoffload" in token or OURS.fullmatch(token)
+    }
+
+
+def test_the_sources_give_the_expected_names():
+    names = exported()
+    # Counters get `_total`, gauges do not; RedisTier's names have no `vllm:` prefix.
+    assert names["vllm:kvoffload_hit_tokens_total"] == "counter"
+    assert names["vllm:kvoffload_store_refusals_total"] == "counter"
+    assert names["vllm:kvoffload_remote_writes_dropped_total"] == "counter"
+    assert names["vllm:kvoffload_cpu_tier_usable_bytes"] == "gauge"
+    assert names["vllm:kvoffload_cpu_tier_ready_ratio"] == "gauge"
+    assert names["kvoffload:redis_tier_corrupt_total"] == "counter"
+    assert names["kvoffload:redis_tier_load_missing_total"] == "counter"
+    assert names["kvoffload:redis_tier_breaker_state"] == "gauge"
+    assert "vllm:kvoffload_hit_tokens" not in names
+    assert "kvoffload:redis_tier_breaker_state_total" not in names
+    assert len(connector_metrics()) == 18
+    assert len(redis_tier_metrics()) == 6
+
+
+def test_suffix_rule_is_prometheus_clients():
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    labels = ["model_name", "engine"]
+    counter = prometheus_client.Counter(
+        "kvoffload:redis_tier_corrupt", "doc", labelnames=[*labels, "tier"], registry=registry
+    )
+    counter.labels("m", "0", "RedisTier").inc()
+    prometheus_client.Counter(
+        "vllm:kvoffload_lookups", "doc", labelnames=labels, registry=registry
+    ).labels("m", "0").inc()
+    prometheus_client.Gauge(
+        "vllm:kvoffload_cpu_tier_ready_ratio", "doc", labelnames=labels, registry=registry
+    ).labels("m", "0").set(0.5)
+    text = prometheus_client.generate_latest(registry).decode()
+    samples = {line.split("{")[0] for line in text.splitlines() if not line.startswith("#")}
+    assert scraped("kvoffload:redis_tier_corrupt", "counter") in samples
+    assert scraped("vllm:kvoffload_lookups", "counter") in samples
+    assert scraped("vllm:kvoffload_cpu_tier_ready_ratio", "gauge") in samples
+    assert "vllm:kvoffload_lookups" not in samples
+
+
+def test_dashboard_is_valid():
+    board = dashboard()
+    assert board["schemaVersion"] == 39
+    assert board["title"] and board["uid"]
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert {"model_name", "engine"} <= set(variables)
+    ids = [p["id"] for p in panels(board)]
+    assert len(ids) == len(set(ids))
+    for panel in panels(board):
+        assert panel.get("title"), panel
+    for panel in queries(board):
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert panel.get("targets"), panel["title"]
+        for target in panel["targets"]:
+            assert target["expr"].strip(), panel["title"]
+            assert target["refId"], panel["title"]
+
+
+def test_every_query_uses_exported_names_only():
+    names = exported()
+    board = dashboard()
+    for panel in queries(board):
+        for target in panel["targets"]:
+            found = metric_names(target["expr"])
+            assert found, f"{panel['title']!r}: no kvoffload metric in {target['expr']!r}"
+            unknown = found - set(names)
+            assert not unknown, f"{panel['title']!r} queries {sorted(unknown)}"
+            for name in found:
+                # rate() only on counters; a gauge is read as it is.
+                is_rate = re.search(rf"rate\(\s*{re.escape(name)}\b", target["expr"])
+                assert bool(is_rate) == (names[name] == "counter"), (panel["title"], name)
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":
+            definition = variable["definition"]
+            assert not metric_names(definition) - set(names), definition
+
+
+def test_every_exported_metric_has_a_panel():
+    board = dashboard()
+    used = set()
+    for panel in queries(board):
+        for target in panel["targets"]:
+            used |= metric_names(target["expr"])
+    assert set(exported()) <= used, sorted(set(exported()) - used)
+
+
+def test_operations_page_lists_every_metric():
+    if not OPERATIONS.exists():
+        pytest.skip("docs/operations.md is not there")
+    text = OPERATIONS.read_text()
+    assert "(grafana/kvoffload-dashboard.json)" in text
+    for name in exported():
+        assert f"`{name}`" in text, name
+    for panel in queries(dashboard()):
+        assert panel["title"] in text, panel["title"]
+
+
+def test_vllm_scrapes_these_names():
+    """With vLLM installed: the names its own Prometheus classes expose for both seams."""
+    pytest.importorskip("vllm")
+    import functools
+    from types import SimpleNamespace
+
+    import prometheus_client
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadPromMetrics,
+    )
+
+    from kvoffload.vllm.redis_tier import _BREAKER_STATES
+    from kvoffload.vllm.stats import KVOffloadPromMetrics
+
+    registry = prometheus_client.CollectorRegistry()
+    metric_types = {
+        cls: functools.partial(cls, registry=registry)
+        for cls in (prometheus_client.Counter, prometheus_client.Gauge, prometheus_client.Histogram)
+    }
+    tier = {"type": "RedisTier", "module_path": "kvoffload.vllm", "url": "redis://h:1"}
+    extra = {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [tier]}
+    config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra))
+    labelnames, per_engine = ["model_name", "engine"], {0: ["m", "0"]}
+    KVOffloadPromMetrics(config, metric_types, labelnames, per_engine)
+    offloading = OffloadPromMetrics(config, metric_types, labelnames, per_engine)
+    # RedisTier's series appear once observed (vLLM binds their `tier` label on first use).
+    created = {name.removesuffix("_total"): kind for name, kind in redis_tier_metrics().items()}
+    offloading.observe(
+        {
+            "types": created,
+            "data": {name: {("RedisTier",): _BREAKER_STATES["down"]} for name in created},
+        }
+    )
+    text = prometheus_client.generate_latest(registry).decode()
+    samples = {}
+    for line in text.splitlines():
+        if "kvoffload" in line and not line.startswith("#") and "_created" not in line:
+            name, labels = line.split("{", 1)
+            samples[name] = labels
+    assert set(samples) == set(exported())
+    assert samples["kvoffload:redis_tier_breaker_state"].startswith(
+        'engine="0",model_name="m",tier="RedisTier"}'
+    )
+    assert samples["vllm:kvoffload_lookups_total"].startswith('engine="0",model_name="m"}')
