@@ -4,6 +4,7 @@ from typing import final
 
 __all__ = [
     "MAX_KEY_LEN",
+    "MAX_SLOTS",
     "POLICY_NAMES",
     "REMOTE_CORRUPT",
     "REMOTE_DROPPED",
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 MAX_KEY_LEN: int
+MAX_SLOTS: int
 POLICY_NAMES: list[str]
 REMOTE_OK: int
 REMOTE_MISSING: int

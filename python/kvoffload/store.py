@@ -18,7 +18,7 @@ import numpy.typing as npt
 from kvoffload import _rust
 
 MAX_KEY_LEN: int = _rust.MAX_KEY_LEN
-MAX_SLOTS = 2**31  # what the core's key index (at most 2^32 buckets) addresses
+MAX_SLOTS: int = _rust.MAX_SLOTS
 POLICY_NAMES: tuple[str, ...] = tuple(_rust.POLICY_NAMES)
 
 KeyList = _rust.KeyList

@@ -10,7 +10,9 @@ mod error;
 mod events;
 mod groups;
 mod heap;
+mod hybrid_load;
 mod hybrid_lookup;
+mod hybrid_store;
 mod index;
 mod key;
 mod keybuf;
@@ -32,7 +34,9 @@ pub use groups::{
     load_parts, offer_batch, range_batch, store_blocks, used_keys, GroupBatch, GroupOffer,
     LoadPart, StoreBlocks,
 };
+pub use hybrid_load::{group_load, GroupLoad, GroupLoadAsk, LoadedGroup};
 pub use hybrid_lookup::{lookup_groups, window_hits, GroupKind, GroupRule, LookupAsk, LookupGroup};
+pub use hybrid_store::{GroupStoreOffer, GroupStoreOutcome, GroupStorePlan};
 pub use key::{validate_keys, MAX_KEY_LEN, OLD_PUBLIC_SEED};
 pub use keybuf::KeyBuf;
 pub use policy::{PolicyKind, Rank, POLICY_NAMES};

@@ -57,6 +57,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     remote::register(m)?;
     m.add("MAX_KEY_LEN", kvoffload_core::MAX_KEY_LEN)?;
+    m.add("MAX_SLOTS", kvoffload_core::MAX_SLOTS)?;
     m.add("POLICY_NAMES", kvoffload_core::POLICY_NAMES.to_vec())?;
     Ok(())
 }

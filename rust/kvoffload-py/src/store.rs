@@ -2,23 +2,34 @@
 
 use crate::errors::{to_py, KVOffloadError};
 use crate::keys::{bytes_list, i64_bytes, int64_bytes, new_bytes, KeyArg, KeyList};
-use crate::window::{group_rules, load_batch, offered, GroupSpec, LoadedPart, Offer};
+use crate::window::{group_rules, load_tables, offered, GroupSpec, Offer};
 use kvoffload_core::{
-    lookup_groups, store_blocks, used_keys, Error, EventKind, KeyBuf, KeyStatus, LookupAsk,
-    LookupGroup, PolicyKind, Positions, RankedBatch,
+    group_load, lookup_groups, used_keys, Error, EventKind, GroupLoadAsk, GroupStoreOffer, KeyBuf,
+    LookupAsk, LookupGroup, PolicyKind, Positions, RankedBatch,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList};
 use std::sync::{Mutex, MutexGuard};
 
-/// What `load_groups` answers: the keys, their slots and the GPU blocks written (int64 bytes),
-/// and each loading group's `(group, num_slots, num_blocks, skip_leading_blocks)`.
-type GroupLoad<'py> = (
+/// What `offer_group_store` answers for an accepted offer: the keys to write, then their slots,
+/// chunks and GPU blocks (int64 bytes), the keys per group and the live blocks of window groups.
+type GroupStoreAnswer<'py> = (
     KeyList,
     Bound<'py, PyBytes>,
     Bound<'py, PyBytes>,
-    Vec<LoadedPart>,
+    Bound<'py, PyBytes>,
+    Vec<u32>,
+    Vec<u64>,
+);
+
+/// What `load_groups` answers: the keys, their slots and the GPU blocks written (int64 bytes),
+/// and each loading group's `(group, num_slots, num_blocks, skip_leading_blocks)`.
+type GroupLoadAnswer<'py> = (
+    KeyList,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Vec<(u32, u64, u64, u64)>,
 );
 
 /// The CPU-tier block store. Thread-safe: every call takes an internal lock, with the GIL released
@@ -167,7 +178,7 @@ impl Store {
     /// window_blocks)`: `slots`, `chunks` and `blocks` (the GPU blocks each key is read from, by
     /// its offer's table) int64 bytes, `counts` the keys per group, `window_blocks` the live
     /// blocks of `windowed` groups among `blocks`.
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    #[allow(clippy::too_many_arguments)]
     fn offer_group_store<'py>(
         &self,
         py: Python<'py>,
@@ -177,16 +188,7 @@ impl Store {
         rank: u64,
         windowed: Vec<bool>,
         used: Vec<Bound<'py, PyByteArray>>,
-    ) -> PyResult<
-        Option<(
-            KeyList,
-            Bound<'py, PyBytes>,
-            Bound<'py, PyBytes>,
-            Bound<'py, PyBytes>,
-            Vec<u32>,
-            Vec<u64>,
-        )>,
-    > {
+    ) -> PyResult<Option<GroupStoreAnswer<'py>>> {
         if used.len() != num_groups as usize {
             return Err(PyValueError::new_err(format!(
                 "used has {} flag arrays: expected one per group ({num_groups})",
@@ -194,77 +196,42 @@ impl Store {
             )));
         }
         let (batch, tables) = offered(&offers, blocks_per_chunk, num_groups)?;
-        let table_refs: Vec<(u64, &[u64])> =
-            tables.iter().map(|(c, t)| (*c, t.as_slice())).collect();
-        let (groups, chunks) = (&batch.groups, &batch.chunks);
-        let ranked = Some(RankedBatch {
+        let tables: Vec<(u64, &[u64])> = tables.iter().map(|(c, t)| (*c, t.as_slice())).collect();
+        let offer = GroupStoreOffer {
+            batch: &batch,
+            tables: &tables,
+            windowed: &windowed,
+            blocks_per_chunk,
             rank,
-            positions: Positions::Each(&batch.positions),
-        });
-        let (used_chunks, plan) = py.detach(|| -> PyResult<_> {
-            let k = batch.keys.slices(0, batch.keys.len());
-            let mut s = self.lock()?;
-            let (statuses, plan) = s
-                .lookup_and_prepare_store_ranked(&k, ranked, false)
-                .map_err(to_py)?;
-            let mut used = vec![Vec::new(); tables.len()];
-            for (i, status) in statuses.into_iter().enumerate() {
-                if status != KeyStatus::Pending {
-                    used[groups[i] as usize].push(chunks[i]);
-                }
-            }
-            let Some(plan) = plan else {
-                return Ok((used, None));
-            };
-            match store_blocks(
-                groups,
-                chunks,
-                &plan.indices,
-                &table_refs,
-                &windowed,
-                blocks_per_chunk,
-            ) {
-                Ok(blocks) => Ok((used, Some((plan, blocks)))),
-                Err(err) => {
-                    // Never handed out: the caller cannot complete these stores.
-                    let new: Vec<&[u8]> = plan.indices.iter().map(|&i| k[i as usize]).collect();
-                    s.complete_store(&new, false).map_err(to_py)?;
-                    Err(to_py(err))
-                }
-            }
-        })?;
-        for (flags, chunks) in used.iter().zip(&used_chunks) {
+        };
+        let outcome = self.detached(py, |s| s.offer_group_store(&offer))?;
+        for (flags, chunks) in used.iter().zip(&outcome.used) {
             mark_used(flags, chunks)?;
         }
-        let Some((plan, blocks)) = plan else {
+        let Some(plan) = outcome.plan else {
             return Ok(None);
         };
         let answer = (|| -> PyResult<_> {
             Ok((
                 int64_bytes(py, &plan.slots)?,
-                i64_bytes(py, plan.indices.iter().map(|&i| chunks[i as usize] as i64))?,
-                i64_bytes(py, blocks.blocks.iter().map(|&b| b as i64))?,
+                i64_bytes(py, plan.chunks.iter().map(|&c| c as i64))?,
+                i64_bytes(py, plan.blocks.blocks.iter().map(|&b| b as i64))?,
             ))
         })();
         match answer {
-            Ok((slots, planned, src)) => Ok(Some((
-                KeyList::from_buf(batch.keys.gather(0, &plan.indices)),
+            Ok((slots, chunks, blocks)) => Ok(Some((
+                KeyList::from_buf(plan.keys),
                 slots,
-                planned,
-                src,
-                blocks.counts,
-                blocks.window_blocks,
+                chunks,
+                blocks,
+                plan.blocks.counts,
+                plan.blocks.window_blocks,
             ))),
             Err(err) => {
                 // As in `prepare_store`: undo the stores the caller will never complete.
-                let new: Vec<&[u8]> = plan
-                    .indices
-                    .iter()
-                    .filter_map(|&i| batch.keys.get(i as usize))
-                    .collect();
                 if let Err(undo_err) = self
                     .lock()
-                    .and_then(|mut s| s.complete_store(&new, false).map_err(to_py))
+                    .and_then(|mut s| s.withdraw_group_store(&plan).map_err(to_py))
                 {
                     err.set_cause(py, Some(undo_err));
                 }
@@ -357,9 +324,9 @@ impl Store {
         int64_bytes(py, &slots)
     }
 
-    /// A hybrid model's load (`window::load_batch`), pinned in request `rank`'s eviction order
-    /// (and, with `touch`, used again: ARC's frequent list); each loading group's chunks are
-    /// flagged in its `used`. Raises with nothing pinned when a key is not ready.
+    /// A hybrid model's load (`kvoffload_core::group_load`), pinned in request `rank`'s eviction
+    /// order (and, with `touch`, used again: ARC's frequent list); each loading group's chunks
+    /// are flagged in its `used`. Raises with nothing pinned when a key is not ready.
     #[allow(clippy::too_many_arguments)]
     fn load_groups<'py>(
         &self,
@@ -373,7 +340,7 @@ impl Store {
         rank: u64,
         used: Vec<Bound<'py, PyByteArray>>,
         touch: bool,
-    ) -> PyResult<GroupLoad<'py>> {
+    ) -> PyResult<GroupLoadAnswer<'py>> {
         if used.len() != keys.len() {
             return Err(PyValueError::new_err(format!(
                 "used has {} flag arrays: expected one per group ({})",
@@ -381,54 +348,59 @@ impl Store {
                 keys.len()
             )));
         }
-        let (batch, gpu, parts) = load_batch(
-            &keys,
+        let blocks = load_tables(
+            keys.len(),
             &tables,
             first_block,
             num_blocks,
             end_chunk,
             blocks_per_chunk,
         )?;
-        let loaded: Vec<(usize, Vec<u64>)> = parts
-            .iter()
-            .map(|&(group, num_slots, ..)| {
-                (group as usize, (end_chunk - num_slots..end_chunk).collect())
+        let load = {
+            let guards = keys
+                .iter()
+                .map(|k| k.get().read())
+                .collect::<PyResult<Vec<_>>>()?;
+            let key_bufs: Vec<&KeyBuf> = guards.iter().map(|g| &**g).collect();
+            let block_refs: Vec<&[u64]> = blocks.iter().map(Vec::as_slice).collect();
+            group_load(&GroupLoadAsk {
+                keys: &key_bufs,
+                blocks: &block_refs,
+                first_block: first_block as u64,
+                num_blocks: num_blocks as u64,
+                end_chunk,
+                blocks_per_chunk,
             })
-            .collect();
+            .map_err(to_py)?
+        };
         // Grown (with zeros: no flag) before anything is pinned, the usual way flagging fails.
-        for (group, _) in &loaded {
+        for part in &load.parts {
             grow_used(
-                &used[*group],
+                &used[part.group as usize],
                 usize::try_from(end_chunk).unwrap_or(usize::MAX),
             )?;
         }
-        let ranked = Some(RankedBatch {
-            rank,
-            positions: Positions::Each(&batch.positions),
+        let slots = self.detached(py, |s| s.pin_group_load(&load, rank, touch))?;
+        let flagged = load.parts.iter().try_for_each(|part| {
+            let chunks: Vec<u64> = part.chunks.clone().collect();
+            mark_used(&used[part.group as usize], &chunks)
         });
-        let k = batch.keys.slices(0, batch.keys.len());
-        let slots = py.detach(|| -> PyResult<_> {
-            let mut s = self.lock()?;
-            let slots = s.prepare_load_ranked(&k, ranked).map_err(to_py)?;
-            if touch {
-                s.touch(&k, true).map_err(to_py)?;
-            }
-            Ok(slots)
-        })?;
-        let flagged = loaded
-            .iter()
-            .try_for_each(|(group, chunks)| mark_used(&used[*group], chunks));
         if let Err(err) = flagged {
             // Another thread resized a flag array meanwhile: the caller gets no job to complete.
-            if let Err(undo) = py.detach(|| self.lock()?.complete_load(&k).map_err(to_py)) {
+            if let Err(undo) = self.detached(py, |s| s.unpin_group_load(&load)) {
                 err.set_cause(py, Some(undo));
             }
             return Err(err);
         }
+        let parts = load
+            .parts
+            .iter()
+            .map(|p| (p.group, p.num_slots(), p.num_blocks, p.skip_leading_blocks))
+            .collect();
         Ok((
-            KeyList::from_buf(batch.keys),
+            KeyList::from_buf(load.batch.keys),
             int64_bytes(py, &slots)?,
-            i64_bytes(py, gpu.into_iter())?,
+            i64_bytes(py, load.gpu_blocks.iter().map(|&b| b as i64))?,
             parts,
         ))
     }

@@ -5,8 +5,8 @@ use crate::errors::to_py;
 use crate::ids::{block_slice, block_vec};
 use crate::keys::{i64_bytes, new_bytes, KeyList};
 use kvoffload_core::{
-    load_parts, offer_batch, range_batch, GroupBatch, GroupKind, GroupOffer, GroupRule, KeyBuf,
-    KeyStatus, WindowReach,
+    offer_batch, range_batch, GroupBatch, GroupKind, GroupOffer, GroupRule, KeyBuf, KeyStatus,
+    WindowReach,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -227,36 +227,30 @@ pub fn group_ranges<'py>(
     batch_answer(py, batch)
 }
 
-/// A loading group's `(group, num_slots, num_blocks, skip_leading_blocks)`.
-pub(crate) type LoadedPart = (u32, u64, u64, u64);
-
-/// A hybrid model's load of GPU blocks `first_block..num_blocks` (of each group's table in
-/// `tables`, with its chunk keys in `keys`) up to chunk `end_chunk`: each group from its first
-/// live block (`kvoffload_core::load_parts`), its keys gathered as `group_ranges` does. Returns
-/// the keys, the GPU blocks the load writes and each loading group's `(group, num_slots,
-/// num_blocks, skip_leading_blocks)`.
-pub(crate) fn load_batch(
-    keys: &[Bound<'_, KeyList>],
+/// Blocks `first_block..num_blocks` of each of a load's `tables` (one per key list, of which it
+/// has `num_lists`), read from the Python lists. The core checks the load again; checked here
+/// first, the ValueError names the Python arguments.
+pub(crate) fn load_tables(
+    num_lists: usize,
     tables: &[Bound<'_, PyList>],
     first_block: usize,
     num_blocks: usize,
     end_chunk: u64,
     blocks_per_chunk: u64,
-) -> PyResult<(GroupBatch, Vec<i64>, Vec<LoadedPart>)> {
-    if keys.len() != tables.len()
+) -> PyResult<Vec<Vec<u64>>> {
+    if num_lists != tables.len()
         || blocks_per_chunk == 0
         || first_block > num_blocks
         || (num_blocks as u64).div_ceil(blocks_per_chunk) != end_chunk
     {
         return Err(PyValueError::new_err(format!(
-            "a load of {} key lists, {} tables, blocks {first_block}..{num_blocks}, \
+            "a load of {num_lists} key lists, {} tables, blocks {first_block}..{num_blocks}, \
              blocks_per_chunk={blocks_per_chunk}, end_chunk={end_chunk} is invalid: one table per \
              key list, a block range, blocks_per_chunk >= 1, the chunk of the last block + 1",
-            keys.len(),
             tables.len()
         )));
     }
-    let mut fresh = Vec::with_capacity(tables.len());
+    let mut blocks = Vec::with_capacity(tables.len());
     for (g, table) in tables.iter().enumerate() {
         if table.len() < num_blocks {
             return Err(PyValueError::new_err(format!(
@@ -264,49 +258,14 @@ pub(crate) fn load_batch(
                 table.len()
             )));
         }
-        fresh.push(block_slice(
+        blocks.push(block_slice(
             table,
             first_block,
             num_blocks,
             &format!("block_ids[{g}]"),
         )?);
     }
-    let fresh_refs: Vec<&[u64]> = fresh.iter().map(Vec::as_slice).collect();
-    let parts = load_parts(&fresh_refs, first_block as u64, blocks_per_chunk).map_err(to_py)?;
-    let guards = keys
-        .iter()
-        .map(|k| k.get().read())
-        .collect::<PyResult<Vec<_>>>()?;
-    let ranges: Vec<(u32, &KeyBuf, u64, u64)> = parts
-        .iter()
-        .map(|p| {
-            (
-                p.group,
-                &*guards[p.group as usize],
-                p.first_chunk,
-                end_chunk,
-            )
-        })
-        .collect();
-    let batch = range_batch(&ranges, keys.len() as u32).map_err(to_py)?;
-    drop(ranges);
-    drop(guards);
-    let gpu: Vec<i64> = parts
-        .iter()
-        .flat_map(|p| {
-            let blocks = &fresh[p.group as usize];
-            blocks[blocks.len() - p.num_blocks as usize..].iter()
-        })
-        .map(|&b| b as i64)
-        .collect();
-    let parts = parts
-        .iter()
-        .map(|p| {
-            let slots = end_chunk.saturating_sub(p.first_chunk);
-            (p.group, slots, p.num_blocks, p.skip_leading_blocks)
-        })
-        .collect();
-    Ok((batch, gpu, parts))
+    Ok(blocks)
 }
 
 fn batch_answer(py: Python<'_>, batch: GroupBatch) -> PyResult<OfferBatch<'_>> {

@@ -7,127 +7,16 @@ use crate::config::Config;
 use crate::conn::Conn;
 use crate::error::{RemoteError, Result};
 use crate::format::{Layout, KEY_PREFIX};
-use crate::jobs::{self, CanaryOutcome, Ctx};
+use crate::jobs::{self, CanaryOutcome};
+use crate::queue::{Completion, Job, Queues, Shared, Work};
 use crate::stats::{Counters, Stats};
-use crate::status::{DROPPED, FAILED, MISSING};
-use crate::url::{self, ServerUrl};
+use crate::status::DROPPED;
+use crate::url;
 use crate::worker::{worker_loop, Worker};
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// The outcome of one job: one status byte per item, in submission order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Completion {
-    pub job_id: u64,
-    pub statuses: Vec<u8>,
-}
-
-pub(crate) enum Work {
-    Lookup(Vec<Vec<u8>>),
-    Store(Vec<(Vec<u8>, RawBuf)>),
-    Load(Vec<(Vec<u8>, RawBufMut)>),
-}
-
-pub(crate) struct Job {
-    pub(crate) id: u64,
-    pub(crate) work: Work,
-    /// When it was submitted: a worker taking it a whole budget later settles it unrun.
-    pub(crate) queued_at: Instant,
-}
-
-impl Job {
-    pub(crate) fn len(&self) -> usize {
-        match &self.work {
-            Work::Lookup(k) => k.len(),
-            Work::Store(i) => i.len(),
-            Work::Load(i) => i.len(),
-        }
-    }
-
-    /// Payload bytes moved by the job.
-    pub(crate) fn bytes(&self, chunk: usize) -> u64 {
-        match &self.work {
-            Work::Lookup(_) => 0,
-            _ => (self.len() * chunk) as u64,
-        }
-    }
-
-    /// Statuses of a job that is not run: the tier is down, or the caller gave up on it.
-    pub(crate) fn not_run(&self, closing: bool) -> Vec<u8> {
-        let s = match (&self.work, closing) {
-            (_, true) => FAILED,
-            (Work::Lookup(_), false) => MISSING,
-            (Work::Store(_), false) => DROPPED,
-            (Work::Load(_), false) => FAILED,
-        };
-        vec![s; self.len()]
-    }
-}
-
-#[derive(Default)]
-pub(crate) struct Queues {
-    pub(crate) fast: VecDeque<Job>,
-    pub(crate) stores: VecDeque<Job>,
-    pub(crate) done: Vec<Completion>,
-    pub(crate) running: usize,
-    pub(crate) store_bytes: u64,
-    pub(crate) closing: bool,
-}
-
-impl Queues {
-    fn busy(&self) -> usize {
-        self.fast.len() + self.stores.len() + self.running
-    }
-}
-
-pub(crate) struct Shared {
-    pub(crate) cfg: Config,
-    pub(crate) url: ServerUrl,
-    pub(crate) ns: [u8; 16],
-    pub(crate) layout: Layout,
-    pub(crate) q: Mutex<Queues>,
-    pub(crate) work_cv: Condvar,
-    pub(crate) done_cv: Condvar,
-    pub(crate) breaker: Breaker,
-    pub(crate) stats: Counters,
-    pub(crate) last_error: Mutex<Option<String>>,
-}
-
-impl Shared {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Queues> {
-        // Workers never panic while holding the lock with the queues half-updated.
-        self.q.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn ctx(&self) -> Ctx<'_> {
-        Ctx {
-            layout: self.layout,
-            ns: &self.ns,
-            ttl_ms: self.cfg.ttl.map(|t| t.as_millis().max(1) as u64),
-            touch_on_hit: self.cfg.touch_on_hit,
-            stats: &self.stats,
-            last_error: &self.last_error,
-        }
-    }
-
-    pub(crate) fn note(&self, why: String) {
-        jobs::note(&self.last_error, why)
-    }
-
-    /// Counts items a job settles without running, for the stats.
-    pub(crate) fn count_not_run(&self, job: &Job, statuses: &[u8]) {
-        let n = statuses.len() as u64;
-        match (&job.work, statuses.first()) {
-            (Work::Store(_), Some(&DROPPED)) => Counters::add(&self.stats.stores_dropped, n),
-            (Work::Store(_), _) => Counters::add(&self.stats.store_failures, n),
-            (Work::Load(_), _) => Counters::add(&self.stats.load_failures, n),
-            (Work::Lookup(_), _) => {}
-        }
-    }
-}
 
 /// A Redis / Valkey tier: asynchronous lookups, stores and loads of fixed-size chunks.
 pub struct Tier {

@@ -5,9 +5,9 @@ use crate::breaker::{Admit, Backoff};
 use crate::conn::Conn;
 use crate::error::{RemoteError, Result};
 use crate::jobs;
+use crate::queue::{Completion, Job, Shared, Work};
 use crate::stats::Counters;
 use crate::status::{FAILED, PENDING};
-use crate::tier::{Completion, Job, Shared, Work};
 use std::sync::Arc;
 use std::time::Instant;
 
