@@ -56,7 +56,7 @@ class OneGroupPlanner:
             req.keys.extend_chunk_keys(block_hashes, bpc, _GROUP_IDX)
 
     def restart(self, req: Request) -> None:
-        req.block_ids = []
+        self.drop_tables(req)  # its frontier is `req.stored_chunks`, which the scheduler resets
 
     def drop_tables(self, req: Request) -> None:
         req.block_ids = []
