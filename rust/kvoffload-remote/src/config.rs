@@ -1,11 +1,41 @@
 //! Tier configuration, its defaults and the allowed range of every field.
 
 use crate::error::{RemoteError, Result};
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// What a `rediss://` connection verifies the server with, and presents to it. Verification is
+/// always on: there is no field that turns it off.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// PEM file of the CA certificates the server's chain must end at; `None`: the system's.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for servers that require one (`tls-auth-clients yes`).
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file` (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// The name the server's certificate must hold; `None`: the URL's host.
+    pub server_name: Option<String>,
+}
+
+impl TlsConfig {
+    /// The names of the fields that are set, for "set without rediss://" errors.
+    pub fn set_fields(&self) -> Vec<&'static str> {
+        [
+            ("tls_ca_file", self.ca_file.is_some()),
+            ("tls_cert_file", self.cert_file.is_some()),
+            ("tls_key_file", self.key_file.is_some()),
+            ("tls_server_name", self.server_name.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect()
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// `redis://...` or `unix://...`, see [`crate::url`].
+    /// `redis://...`, `rediss://...` or `unix://...`, see [`crate::url`].
     pub url: String,
     /// The size of every chunk of this tier, so the split layout is known before any I/O.
     pub chunk_bytes: usize,
@@ -25,6 +55,8 @@ pub struct Config {
     pub max_store_bytes_in_flight: u64,
     /// Refresh the LRU clock of hit keys (EXISTS does not), so hot prefixes survive eviction.
     pub touch_on_hit: bool,
+    /// Used only (and required to be empty otherwise) with a `rediss://` URL.
+    pub tls: TlsConfig,
 }
 
 pub const MAX_CHUNK_BYTES: usize = 256 << 20;
@@ -50,6 +82,7 @@ impl Config {
             ttl: None,
             max_store_bytes_in_flight: 1 << 30,
             touch_on_hit: true,
+            tls: TlsConfig::default(),
         }
     }
 
@@ -94,6 +127,20 @@ impl Config {
             self.chunk_bytes as u64,
             MAX_STORE_BYTES_IN_FLIGHT,
         )?;
+        if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
+            return Err(RemoteError::Config(format!(
+                "tls_cert_file={:?} and tls_key_file={:?}: a client certificate needs both \
+                 (or neither)",
+                self.tls.cert_file, self.tls.key_file
+            )));
+        }
+        if let Some(name) = &self.tls.server_name {
+            if name.is_empty() || name.len() > 253 {
+                return Err(RemoteError::Config(format!(
+                    "tls_server_name={name:?} is invalid; allowed: a DNS name or IP address"
+                )));
+            }
+        }
         Ok(())
     }
 

@@ -1,10 +1,13 @@
 //! One server connection. Every read and write is bounded by the current job's deadline: the
 //! socket timeout is set to the time left before each system call, so a stalled or dribbling
-//! server cannot stretch a job past it.
+//! server cannot stretch a job past it. (Over TLS one of our calls may make several system calls
+//! inside rustls, each bounded by the time left when ours began.)
 
 use crate::error::{RemoteError, Result};
 use crate::resp::{self, Head, Pipeline};
+use crate::tls::TlsClient;
 use crate::url::{Endpoint, ServerUrl};
+use rustls::{ClientConnection, StreamOwned};
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
@@ -13,9 +16,16 @@ use std::time::{Duration, Instant};
 /// Large enough for every small reply of a pipeline in one read; bulk bodies bypass it.
 const READ_BUF: usize = 64 << 10;
 
+/// Where and how every connection of a tier connects.
+pub struct Target {
+    pub url: ServerUrl,
+    pub tls: Option<TlsClient>,
+}
+
 enum Socket {
     Tcp(TcpStream),
     Unix(UnixStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
 }
 
 pub struct Stream {
@@ -41,6 +51,7 @@ impl Stream {
         match &self.socket {
             Socket::Tcp(s) => s.set_read_timeout(t),
             Socket::Unix(s) => s.set_read_timeout(t),
+            Socket::Tls(s) => s.sock.set_read_timeout(t),
         }
     }
 
@@ -49,6 +60,7 @@ impl Stream {
         match &self.socket {
             Socket::Tcp(s) => s.set_write_timeout(t),
             Socket::Unix(s) => s.set_write_timeout(t),
+            Socket::Tls(s) => s.sock.set_write_timeout(t),
         }
     }
 }
@@ -59,6 +71,7 @@ impl Read for Stream {
         match &mut self.socket {
             Socket::Tcp(s) => s.read(buf),
             Socket::Unix(s) => s.read(buf),
+            Socket::Tls(s) => s.read(buf),
         }
     }
 }
@@ -69,6 +82,7 @@ impl Write for Stream {
         match &mut self.socket {
             Socket::Tcp(s) => s.write(buf),
             Socket::Unix(s) => s.write(buf),
+            Socket::Tls(s) => s.write(buf),
         }
     }
 
@@ -77,11 +91,20 @@ impl Write for Stream {
         match &mut self.socket {
             Socket::Tcp(s) => s.write_vectored(bufs),
             Socket::Unix(s) => s.write_vectored(bufs),
+            Socket::Tls(s) => s.write_vectored(bufs),
         }
     }
 
+    /// Plain sockets have nothing buffered; rustls may hold the last records.
     fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        if !matches!(self.socket, Socket::Tls(_)) {
+            return Ok(());
+        }
+        self.arm_write()?;
+        match &mut self.socket {
+            Socket::Tls(s) => s.flush(),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -90,7 +113,7 @@ pub struct Conn {
     line: Vec<u8>,
 }
 
-fn open(url: &ServerUrl, deadline: Instant) -> Result<Socket> {
+fn open(url: &ServerUrl, deadline: Instant) -> Result<TcpOrUnix> {
     let left = || {
         let d = deadline.saturating_duration_since(Instant::now());
         if d.is_zero() {
@@ -113,7 +136,7 @@ fn open(url: &ServerUrl, deadline: Instant) -> Result<Socket> {
                         // Small commands must not wait for Nagle; payloads go out in full writes.
                         s.set_nodelay(true)
                             .map_err(|e| RemoteError::from_io(e, "setting TCP_NODELAY"))?;
-                        return Ok(Socket::Tcp(s));
+                        return Ok(TcpOrUnix::Tcp(s));
                     }
                     Err(e) => last = RemoteError::from_io(e, &format!("connecting to {addr}")),
                 }
@@ -123,10 +146,66 @@ fn open(url: &ServerUrl, deadline: Instant) -> Result<Socket> {
         Endpoint::Unix(path) => {
             left()?;
             UnixStream::connect(path)
-                .map(Socket::Unix)
+                .map(TcpOrUnix::Unix)
                 .map_err(|e| RemoteError::from_io(e, &format!("connecting to {}", path.display())))
         }
     }
+}
+
+enum TcpOrUnix {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// The TLS handshake, done here rather than on the first read so that a certificate that does
+/// not verify, or a plain port, fails the connect with its own message.
+fn handshake(tcp: TcpStream, tls: &TlsClient, deadline: Instant) -> Result<Socket> {
+    let conn = ClientConnection::new(tls.config.clone(), tls.name.clone())
+        .map_err(|e| RemoteError::Tls(format!("starting the handshake: {e}")))?;
+    let mut s = StreamOwned::new(conn, tcp);
+    while s.conn.is_handshaking() {
+        let t = Some(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        );
+        s.sock
+            .set_read_timeout(t)
+            .and_then(|()| s.sock.set_write_timeout(t))
+            .map_err(|e| RemoteError::from_io(e, "arming the TLS handshake"))?;
+        if Instant::now() >= deadline {
+            return Err(no_handshake());
+        }
+        match s.conn.complete_io(&mut s.sock) {
+            Ok((0, 0)) => {
+                return Err(RemoteError::Tls(
+                    "the server closed the connection during the TLS handshake: is it a plain \
+                     port? (use redis:// there)"
+                        .into(),
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Err(match RemoteError::from_io(e, "TLS handshake") {
+                    RemoteError::Timeout(_) => no_handshake(),
+                    RemoteError::Io(m) => RemoteError::Tls(format!(
+                        "{m}: the connection failed during the TLS handshake: is it a plain \
+                         port? (use redis:// there)"
+                    )),
+                    other => other,
+                })
+            }
+        }
+    }
+    Ok(Socket::Tls(Box::new(s)))
+}
+
+fn no_handshake() -> RemoteError {
+    RemoteError::Tls(
+        "no TLS handshake within the connect timeout: a plain port that waits for a RESP \
+         command? (use redis:// there) or a server too slow to answer"
+            .into(),
+    )
 }
 
 fn is_auth_error(msg: &str) -> bool {
@@ -144,8 +223,14 @@ fn is_auth_error(msg: &str) -> bool {
 
 impl Conn {
     /// Connects, authenticates and selects the database, all before `deadline`.
-    pub fn connect(url: &ServerUrl, deadline: Instant) -> Result<Conn> {
-        let socket = open(url, deadline)?;
+    pub fn connect(target: &Target, deadline: Instant) -> Result<Conn> {
+        let url = &target.url;
+        let socket = match (open(url, deadline)?, &target.tls) {
+            (TcpOrUnix::Tcp(s), Some(tls)) => handshake(s, tls, deadline)?,
+            (TcpOrUnix::Tcp(s), None) => Socket::Tcp(s),
+            (TcpOrUnix::Unix(s), _) => Socket::Unix(s),
+        };
+        let plain_tcp = matches!(socket, Socket::Tcp(_));
         let mut conn = Conn {
             reader: BufReader::with_capacity(READ_BUF, Stream { socket, deadline }),
             line: Vec::with_capacity(128),
@@ -171,9 +256,20 @@ impl Conn {
         steps.push("PING");
         conn.send(&p)?;
         let mut first_err = None;
-        for step in steps {
-            if let Head::Error(msg) = conn.simple()? {
-                first_err.get_or_insert((step, msg));
+        for (i, step) in steps.into_iter().enumerate() {
+            match conn.simple() {
+                Ok(Head::Error(msg)) => {
+                    first_err.get_or_insert((step, msg));
+                }
+                Ok(_) => {}
+                // A TLS server drops a plaintext client at its first bytes.
+                Err(RemoteError::Io(m) | RemoteError::Protocol(m)) if plain_tcp && i == 0 => {
+                    return Err(RemoteError::Tls(format!(
+                        "{m}: the server dropped our first plaintext command: is it a TLS port? \
+                         (use rediss:// there)"
+                    )))
+                }
+                Err(e) => return Err(e),
             }
         }
         match first_err {

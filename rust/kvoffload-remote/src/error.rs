@@ -1,5 +1,6 @@
 //! The error type of the crate. Imports nothing from the other modules, so every module can use it.
 
+use rustls::{AlertDescription, CertificateError};
 use std::fmt;
 use std::io;
 
@@ -14,6 +15,9 @@ pub enum RemoteError {
     Io(String),
     /// An operation ran past its deadline; the connection's state is unknown.
     Timeout(String),
+    /// A TLS handshake or record failed, or one side spoke TLS and the other did not. Never a
+    /// silent fallback to plaintext: the message says which side and why.
+    Tls(String),
     /// The server sent something that is not the RESP2 we expect.
     Protocol(String),
     /// The server answered with an error reply (`-ERR ...`).
@@ -24,6 +28,12 @@ pub enum RemoteError {
 
 impl RemoteError {
     pub(crate) fn from_io(err: io::Error, what: &str) -> RemoteError {
+        if let Some(tls) = err
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<rustls::Error>())
+        {
+            return RemoteError::Tls(format!("{what}: {}", describe_tls(tls)));
+        }
         match err.kind() {
             // SO_RCVTIMEO / SO_SNDTIMEO expiry shows up as WouldBlock on Unix.
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
@@ -40,7 +50,10 @@ impl RemoteError {
     pub(crate) fn breaks_connection(&self) -> bool {
         matches!(
             self,
-            RemoteError::Io(_) | RemoteError::Timeout(_) | RemoteError::Protocol(_)
+            RemoteError::Io(_)
+                | RemoteError::Timeout(_)
+                | RemoteError::Protocol(_)
+                | RemoteError::Tls(_)
         )
     }
 }
@@ -52,6 +65,7 @@ impl fmt::Display for RemoteError {
             RemoteError::Auth(m) => write!(f, "remote tier authentication failed: {m}"),
             RemoteError::Io(m) => write!(f, "remote tier I/O error: {m}"),
             RemoteError::Timeout(m) => write!(f, "remote tier timeout: {m}"),
+            RemoteError::Tls(m) => write!(f, "remote tier TLS error: {m}"),
             RemoteError::Protocol(m) => write!(f, "remote tier protocol error: {m}"),
             RemoteError::Server(m) => write!(f, "remote tier server error: {m}"),
             RemoteError::Closed => write!(f, "the remote tier is closed"),
@@ -60,5 +74,43 @@ impl fmt::Display for RemoteError {
 }
 
 impl std::error::Error for RemoteError {}
+
+/// A rustls error with what an operator can do about it.
+fn describe_tls(e: &rustls::Error) -> String {
+    use rustls::Error as E;
+    let hint = match e {
+        E::InvalidCertificate(CertificateError::UnknownIssuer) => {
+            "the server's certificate is not signed by a CA of tls_ca_file (or of the system's \
+             roots when tls_ca_file is not set)"
+        }
+        E::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        ) => {
+            "the server's certificate is not for the url's host; set tls_server_name to a name \
+             it holds"
+        }
+        E::InvalidCertificate(_) => "the server's certificate did not verify",
+        E::AlertReceived(
+            AlertDescription::CertificateRequired
+            | AlertDescription::BadCertificate
+            | AlertDescription::UnknownCA
+            | AlertDescription::HandshakeFailure
+            | AlertDescription::AccessDenied,
+        ) => {
+            "the server refused the handshake: it may require a client certificate \
+             (tls_cert_file and tls_key_file) that its CA signed"
+        }
+        E::InvalidMessage(_) | E::InappropriateMessage { .. } => {
+            "the server does not speak TLS on this port: is it a plain port? (use redis:// \
+             there, rediss:// only against a tls-port)"
+        }
+        _ => "",
+    };
+    if hint.is_empty() {
+        e.to_string()
+    } else {
+        format!("{hint} ({e})")
+    }
+}
 
 pub type Result<T, E = RemoteError> = std::result::Result<T, E>;

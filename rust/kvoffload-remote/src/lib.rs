@@ -18,12 +18,13 @@ pub mod resp;
 mod stats;
 pub mod status;
 mod tier;
+mod tls;
 pub mod url;
 mod worker;
 
 pub use breaker::BreakerState;
 pub use buf::{RawBuf, RawBufMut};
-pub use config::Config;
+pub use config::{Config, TlsConfig};
 pub use error::{RemoteError, Result};
 pub use jobs::CanaryOutcome;
 pub use lookups::LookupTable;

@@ -5,11 +5,11 @@
 use crate::breaker::Breaker;
 use crate::buf::{RawBuf, RawBufMut};
 use crate::config::Config;
+use crate::conn::Target;
 use crate::format::Layout;
 use crate::jobs::{self, Ctx};
 use crate::stats::Counters;
 use crate::status::{DROPPED, FAILED, MISSING};
-use crate::url::ServerUrl;
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
@@ -81,7 +81,7 @@ impl Queues {
 
 pub(crate) struct Shared {
     pub(crate) cfg: Config,
-    pub(crate) url: ServerUrl,
+    pub(crate) target: Target,
     pub(crate) ns: [u8; 16],
     pub(crate) layout: Layout,
     pub(crate) q: Mutex<Queues>,

@@ -4,13 +4,14 @@
 use crate::breaker::{Breaker, BreakerState};
 use crate::buf::{self, RawBuf, RawBufMut};
 use crate::config::Config;
-use crate::conn::Conn;
+use crate::conn::{Conn, Target};
 use crate::error::{RemoteError, Result};
 use crate::format::{Layout, KEY_PREFIX};
 use crate::jobs::{self, CanaryOutcome};
 use crate::queue::{Completion, Job, Queues, Shared, Work};
 use crate::stats::{Counters, Stats};
 use crate::status::DROPPED;
+use crate::tls;
 use crate::url;
 use crate::worker::{worker_loop, Worker};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,15 +29,17 @@ pub struct Tier {
 
 impl Tier {
     /// Parses and checks the configuration, tries one connection within `connect_timeout` and
-    /// starts the workers. Refused credentials or database are an error; an unreachable server
-    /// is not: the tier starts down and [`Tier::startup_error`] says why.
+    /// starts the workers. Refused credentials or database, and a TLS failure (a certificate
+    /// that does not verify, TLS against a plain port or the reverse) are an error; an
+    /// unreachable server is not: the tier starts down and [`Tier::startup_error`] says why.
     pub fn connect(cfg: Config, namespace: [u8; 16]) -> Result<Tier> {
         cfg.validate()?;
         let url = url::parse(&cfg.url)?;
+        let tls = tls::client(&url, &cfg.tls)?;
         let sh = Arc::new(Shared {
             layout: Layout::new(cfg.chunk_bytes),
             breaker: Breaker::new(cfg.breaker_failures, cfg.breaker_cooldown),
-            url,
+            target: Target { url, tls },
             ns: namespace,
             q: Mutex::new(Queues::default()),
             work_cv: Condvar::new(),
@@ -47,9 +50,12 @@ impl Tier {
         });
         let mut first = None;
         let mut startup_error = None;
-        match Conn::connect(&sh.url, Instant::now() + sh.cfg.connect_timeout) {
+        match Conn::connect(&sh.target, Instant::now() + sh.cfg.connect_timeout) {
             Ok(c) => first = Some(c),
             Err(e @ (RemoteError::Auth(_) | RemoteError::Config(_))) => return Err(e),
+            Err(RemoteError::Tls(m)) => {
+                return Err(RemoteError::Tls(format!("{}: {m}", url::mask(&sh.cfg.url))))
+            }
             Err(e) => {
                 Counters::add(&sh.stats.connect_failures, 1);
                 sh.breaker.trip();
@@ -255,7 +261,7 @@ impl Tier {
         key.extend_from_slice(b":canary:");
         key.extend_from_slice(name);
         let deadline = Instant::now() + timeout;
-        let res = Conn::connect(&self.sh.url, deadline)
+        let res = Conn::connect(&self.sh.target, deadline)
             .and_then(|mut c| jobs::canary(&mut c, &key, identity, self.sh.ctx().ttl_ms));
         res.unwrap_or_else(|e| {
             let why = format!("canary: {e}");

@@ -1,4 +1,5 @@
-//! Server URLs: `redis://[user:pass@]host[:port][/db]` and `unix://path[?db=N&password=P]`.
+//! Server URLs: `redis://[user:pass@]host[:port][/db]` (`rediss://` for TLS; `valkey://` and
+//! `valkeys://` are the same) and `unix://path[?db=N&password=P]`.
 
 use crate::error::{RemoteError, Result};
 use std::path::PathBuf;
@@ -15,9 +16,11 @@ pub struct ServerUrl {
     pub username: Option<String>,
     pub password: Option<String>,
     pub db: u32,
+    /// `rediss://` / `valkeys://`: the connection is TLS, never plain.
+    pub tls: bool,
 }
 
-const ALLOWED: &str = "allowed: redis://[user:password@]host[:port][/db] or \
+const ALLOWED: &str = "allowed: redis://[user:password@]host[:port][/db] (rediss:// for TLS) or \
                        unix:///path/to.sock[?db=N&password=P]";
 
 /// The URL with its password replaced, for messages and logs. The credentials end at the last
@@ -90,20 +93,18 @@ fn parse_db(url: &str, s: &str) -> Result<u32> {
 }
 
 pub fn parse(url: &str) -> Result<ServerUrl> {
-    if let Some(rest) = url.strip_prefix("redis://") {
-        parse_tcp(url, rest)
-    } else if let Some(rest) = url.strip_prefix("unix://") {
-        parse_unix(url, rest)
-    } else if url.starts_with("rediss://") || url.starts_with("valkeys://") {
-        Err(bad(url, "TLS is not supported"))
-    } else if let Some(rest) = url.strip_prefix("valkey://") {
-        parse_tcp(url, rest)
-    } else {
-        Err(bad(url, "unknown scheme"))
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(bad(url, "unknown scheme"));
+    };
+    match scheme {
+        "redis" | "valkey" => parse_tcp(url, rest, false),
+        "rediss" | "valkeys" => parse_tcp(url, rest, true),
+        "unix" => parse_unix(url, rest),
+        _ => Err(bad(url, "unknown scheme")),
     }
 }
 
-fn parse_tcp(url: &str, rest: &str) -> Result<ServerUrl> {
+fn parse_tcp(url: &str, rest: &str, tls: bool) -> Result<ServerUrl> {
     if rest.contains('?') || rest.contains('#') {
         return Err(bad(
             url,
@@ -161,6 +162,7 @@ fn parse_tcp(url: &str, rest: &str) -> Result<ServerUrl> {
         username,
         password,
         db,
+        tls,
     })
 }
 
@@ -177,6 +179,7 @@ fn parse_unix(url: &str, rest: &str) -> Result<ServerUrl> {
         username: None,
         password: None,
         db: 0,
+        tls: false,
     };
     for pair in query.into_iter().flat_map(|q| q.split('&')) {
         match pair.split_once('=') {
@@ -231,6 +234,18 @@ mod tests {
     }
 
     #[test]
+    fn tls_schemes() {
+        for url in ["rediss://u:p@h:6380/0", "valkeys://u:p@h:6380"] {
+            let u = parse(url).unwrap();
+            assert!(u.tls, "{url}");
+            assert_eq!((u.endpoint, u.db), (tcp("h", 6380), 0));
+            assert!(mask(url).contains("***"), "{url}");
+        }
+        assert!(!parse("redis://h").unwrap().tls);
+        assert!(!parse("valkey://h").unwrap().tls);
+    }
+
+    #[test]
     fn unix_forms() {
         let u = parse("unix:///tmp/r.sock?db=4&password=x").unwrap();
         assert_eq!(u.endpoint, Endpoint::Unix("/tmp/r.sock".into()));
@@ -243,7 +258,7 @@ mod tests {
     fn errors_name_the_url_and_hide_the_password() {
         for (url, needle) in [
             ("http://h", "unknown scheme"),
-            ("rediss://h", "TLS"),
+            ("redis+tls://h", "unknown scheme"),
             ("redis://h:0", "port"),
             ("redis://h:99999", "port"),
             ("redis://h/x", "database"),

@@ -41,7 +41,7 @@ impl Worker {
                 }
             }
             let connect_by = deadline.min(Instant::now() + sh.cfg.connect_timeout);
-            match Conn::connect(&sh.url, connect_by) {
+            match Conn::connect(&sh.target, connect_by) {
                 Ok(c) => {
                     if self.ever_connected {
                         Counters::add(&sh.stats.reconnects, 1);
