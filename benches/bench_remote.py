@@ -37,8 +37,10 @@ def finish(c: RemoteClient, job: int) -> bytes:
                 return statuses
 
 
-def make_client(url: str, chunk: int = CHUNK) -> RemoteClient:
-    config = RemoteTierConfig.from_dict({"url": url, "namespace": "bench", "job_timeout_s": 30.0})
+def make_client(url: str, chunk: int = CHUNK, **options: object) -> RemoteClient:
+    config = RemoteTierConfig.from_dict(
+        {"url": url, "namespace": "bench", "job_timeout_s": 30.0, **options}
+    )
     return RemoteClient(config, b"\x01" * 16, chunk)
 
 
@@ -46,8 +48,8 @@ def keys(n: int, salt: str) -> list[bytes]:
     return [f"{salt}-{i:08d}".encode().ljust(36, b".") for i in range(n)]
 
 
-def ours(url: str, pool: np.ndarray, rounds: int) -> tuple[float, float]:
-    c = make_client(url)
+def ours(url: str, pool: np.ndarray, rounds: int, **options: object) -> tuple[float, float]:
+    c = make_client(url, **options)
     n = pool.shape[0]
     offsets = [i * CHUNK for i in range(n)]
     dst = np.zeros_like(pool)
@@ -93,10 +95,11 @@ def redis_py(port: int, pool: np.ndarray, rounds: int) -> tuple[float, float]:
     return total / store_s / 1e9, total / load_s / 1e9
 
 
-def redis_benchmark(port: int, n: int) -> tuple[float, float]:
+def redis_benchmark(port: int, n: int, tls: tuple[str, ...] = ()) -> tuple[float, float]:
     out = subprocess.run(
         [
             "redis-benchmark",
+            *tls,
             "-p",
             str(port),
             "-t",
@@ -120,8 +123,10 @@ def redis_benchmark(port: int, n: int) -> tuple[float, float]:
     return float(rates["SET"]) * CHUNK / 1e9, float(rates["GET"]) * CHUNK / 1e9
 
 
-def latencies(url: str, pool: np.ndarray, sizes: tuple[int, ...], reps: int) -> dict[int, tuple]:
-    c = make_client(url)
+def latencies(
+    url: str, pool: np.ndarray, sizes: tuple[int, ...], reps: int, **options: object
+) -> dict[int, tuple]:
+    c = make_client(url, **options)
     out = {}
     for n in sizes:
         offsets = [i * CHUNK for i in range(n)]
@@ -310,3 +315,52 @@ def test_remote_data_path(benchmark):
     )
     print(f"Redis used_memory per chunk / payload: {res['mem']:.4f}")
     print(f"worst pause of a Python thread during 2 s of jobs: {res['pause'] * 1e3:.1f} ms")
+
+
+def test_remote_tls_cost(benchmark):
+    """What TLS costs on one server: ours over `rediss://` against ours over plain TCP to the
+    same server (its TLS port and its plain port), and `redis-benchmark --tls` against
+    `redis-benchmark`, in the same run."""
+    full = not benchmark.disabled
+    n, rounds = (64, 5) if full else (4, 1)
+    pool = np.random.default_rng(2).integers(0, 256, (n, CHUNK), dtype=np.uint8)
+    with redis_server(tls=True) as server:
+        ca = {"tls_ca_file": server.cert("ca.crt")}
+        tls_args = ("--tls", "--cacert", server.cert("ca.crt"))
+
+        def run() -> dict:
+            res = {}
+            for name, url, opts in [
+                ("plain", server.url, {}),
+                ("tls", server.tls_url, ca),
+            ]:
+                server.command("FLUSHALL")
+                res[name] = ours(url, pool, rounds, **opts)
+                server.command("FLUSHALL")
+                res[name + "-lat"] = latencies(url, pool, (1,), 20 if full else 2, **opts)[1]
+            server.command("FLUSHALL")
+            res["rb-plain"] = redis_benchmark(server.port, n * rounds)
+            server.command("FLUSHALL")
+            assert server.tls_port is not None
+            res["rb-tls"] = redis_benchmark(server.tls_port, n * rounds, tls_args)
+            return res
+
+        res = benchmark.pedantic(run, rounds=1)
+    if not full:
+        return
+    print(f"\nTLS against plain TCP, one server, 2 MiB values, {n} per job, {rounds} rounds")
+    print("| client | plain store / load GB/s | TLS store / load GB/s | TLS / plain |")
+    print("|---|---|---|---|")
+    for label, p, t in [
+        ("kvoffload RemoteClient", res["plain"], res["tls"]),
+        ("redis-benchmark -P 16", res["rb-plain"], res["rb-tls"]),
+    ]:
+        print(
+            f"| {label} | {p[0]:.2f} / {p[1]:.2f} | {t[0]:.2f} / {t[1]:.2f} | "
+            f"{t[0] / p[0]:.2f}x / {t[1] / p[1]:.2f}x |"
+        )
+    (ts, tl), (bs, bl) = res["tls"], res["rb-tls"]
+    print(f"ours / redis-benchmark over TLS: store {ts / bs:.2f}x, load {tl / bl:.2f}x")
+    for name in ("plain", "tls"):
+        p50, p99 = res[name + "-lat"]
+        print(f"{name}: load of 1 chunk p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")

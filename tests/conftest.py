@@ -14,3 +14,11 @@ def redis() -> Iterator[RedisServer]:
     """A fresh `redis-server` of its own for each test (loopback, free port, no persistence)."""
     with redis_server() as server:
         yield server
+
+
+@pytest.fixture
+def redis_tls() -> Iterator[RedisServer]:
+    """A fresh `redis-server` with a TLS port (server certificate for 127.0.0.1 and localhost,
+    signed by `ca.crt`; no client certificate required) beside its plain one."""
+    with redis_server(tls=True) as server:
+        yield server

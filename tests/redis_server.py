@@ -1,6 +1,7 @@
 """A real `redis-server` (Debian's package) for the tests: started on a free loopback port with
-persistence off, waited for with PING, stopped by pid. Without the binary the tests that need it
-skip, except under CI=true, where a missing server is an error."""
+persistence off, waited for with PING, stopped by pid; optionally with a TLS port beside the
+plain one, its certificates made by `tests/tls/make_certs.sh` (openssl). Without the binary the
+tests that need it skip, except under CI=true, where a missing server is an error."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 REDIS_SERVER = shutil.which("redis-server")
+MAKE_CERTS = Path(__file__).parent / "tls" / "make_certs.sh"
 
 
 def require_redis() -> str:
@@ -34,20 +37,50 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """One server process. `args` are extra `redis-server` options (e.g. maxmemory)."""
+    """One server process. `args` are extra `redis-server` options (e.g. maxmemory). With
+    `tls`, it also listens with TLS on `tls_port` (`tls_auth_clients`: whether it requires a
+    client certificate); the certificates are in `certs`."""
 
-    def __init__(self, *args: str, port: int | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        port: int | None = None,
+        password: str | None = None,
+        tls: bool = False,
+        tls_auth_clients: bool = False,
+    ) -> None:
         self.binary = require_redis()
         self.port = port or free_port()
         self.password = password
         self.args = list(args)
         self.dir = tempfile.mkdtemp(prefix="kvo-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.tls_port = free_port() if tls else None
+        self.certs = Path(self.dir) / "certs"
+        if tls:
+            subprocess.run(["bash", str(MAKE_CERTS), str(self.certs)], check=True)
+            self.args += [
+                *("--tls-port", str(self.tls_port)),
+                *("--tls-cert-file", str(self.certs / "server.crt")),
+                *("--tls-key-file", str(self.certs / "server.key")),
+                *("--tls-ca-cert-file", str(self.certs / "ca.crt")),
+                *("--tls-auth-clients", "yes" if tls_auth_clients else "no"),
+            ]
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def tls_url(self) -> str:
+        assert self.tls_port is not None, "started without tls=True"
+        auth = f":{self.password}@" if self.password else ""
+        return f"rediss://{auth}127.0.0.1:{self.tls_port}/0"
+
+    def cert(self, name: str) -> str:
+        """The path of one of `make_certs.sh`'s files (ca.crt, other-ca.crt, client.key, ...)."""
+        return str(self.certs / name)
 
     def start(self) -> RedisServer:
         cmd = [
@@ -149,8 +182,11 @@ def read_reply(f: object) -> object:
 
 
 @contextmanager
-def redis_server(*args: str, password: str | None = None) -> Iterator[RedisServer]:
-    server = RedisServer(*args, password=password).start()
+def redis_server(
+    *args: str, password: str | None = None, tls: bool = False, tls_auth_clients: bool = False
+) -> Iterator[RedisServer]:
+    server = RedisServer(*args, password=password, tls=tls, tls_auth_clients=tls_auth_clients)
+    server.start()
     try:
         yield server
     finally:

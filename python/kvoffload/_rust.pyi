@@ -1,4 +1,5 @@
 # Hand-written stub for the PyO3 extension; `mypy.stubtest kvoffload._rust` checks it matches.
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import final
 
@@ -190,6 +191,10 @@ class RemoteTier:
         ttl_s: float | None = None,
         max_store_bytes_in_flight: int = 1073741824,
         touch_on_hit: bool = True,
+        tls_ca_file: str | os.PathLike[str] | None = None,
+        tls_cert_file: str | os.PathLike[str] | None = None,
+        tls_key_file: str | os.PathLike[str] | None = None,
+        tls_server_name: str | None = None,
     ) -> RemoteTier: ...
     @property
     def startup_error(self) -> str | None: ...

@@ -191,7 +191,7 @@ def test_config_errors_name_the_key(entry, match):
     "url,match",
     [
         ("tcp://x:1", "unknown scheme"),
-        ("rediss://x:1", "TLS is not supported"),
+        ("redis+tls://x:1", "unknown scheme"),
         ("redis://x:99999", "port"),
         ("redis://:secret@x:1/abc", "database"),
     ],

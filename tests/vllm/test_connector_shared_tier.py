@@ -61,6 +61,24 @@ def chunk_keys(server: RedisServer) -> list[bytes]:
     return [k for k in server.keys() if not k.endswith(b":b") and b"canary" not in k]
 
 
+def test_engines_share_a_tls_server(model_dir, redis_tls, is_async):
+    ca = {"tls_ca_file": redis_tls.cert("ca.crt")}
+    one = engine(model_dir, redis_tls.tls_url, is_async, **ca)
+    assert serve(one, "a", PROMPT) == 0
+    assert len(chunk_keys(redis_tls)) == 5  # over TLS, read back here on the plain port
+    two = engine(model_dir, redis_tls.tls_url, is_async, **ca)
+    assert serve(two, "b", PROMPT) == 60
+    assert two.checked_positions["b"] >= 60
+    s = stats(two)
+    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (5, 0)
+
+
+def test_plaintext_against_a_tls_port_stops_start_up(model_dir, redis_tls):
+    plain_to_tls = f"redis://127.0.0.1:{redis_tls.tls_port}/0"
+    with pytest.raises(ConfigError, match=r"is it a TLS port\?"):
+        engine(model_dir, plain_to_tls)
+
+
 def test_engine_two_loads_what_engine_one_computed(model_dir, redis, is_async):
     one = engine(model_dir, redis.url, is_async)
     assert serve(one, "a", PROMPT) == 0

@@ -81,6 +81,23 @@ def test_engine_two_loads_what_engine_one_computed(model_dir, redis, is_async):
     assert serve(one, "a2", PROMPT) == 60
 
 
+def test_engines_share_a_tls_server(model_dir, redis_tls, is_async):
+    ca = {"tls_ca_file": redis_tls.cert("ca.crt")}
+    one = engine(model_dir, redis_tls.tls_url, is_async, **ca)
+    assert serve(one, "a", PROMPT) == 0
+    settle(one)
+    assert len(chunk_keys(redis_tls)) == 5  # over TLS, read back here on the plain port
+    two = engine(model_dir, redis_tls.tls_url, is_async, **ca)
+    assert serve(two, "b", PROMPT) == 60
+    assert two.checked_positions["b"] >= 60
+    assert redis_tier(two).stats()["loaded_chunks"] == 5
+
+
+def test_a_tls_certificate_that_does_not_verify_stops_start_up(model_dir, redis_tls):
+    with pytest.raises(ConfigError, match="not signed by a CA of tls_ca_file"):
+        engine(model_dir, redis_tls.tls_url, tls_ca_file=redis_tls.cert("other-ca.crt"))
+
+
 def test_engine_two_hits_every_chunk_engine_one_stored(model_dir, redis):
     prompts = [prompt(300 + i, 24 + 12 * (i % 4)) for i in range(16)]  # 2 to 5 chunks each
     one = engine(model_dir, redis.url)

@@ -34,6 +34,15 @@ def _integer(entry: Mapping[str, Any], key: str, default: int, low: int, high: i
     return v
 
 
+def _optional_text(entry: Mapping[str, Any], key: str, what: str) -> str | None:
+    v = entry.get(key)
+    if v is not None and (not isinstance(v, str) or not v.strip()):
+        raise ConfigError(
+            f"secondary tier {key}={v!r} ({type(v).__name__}) is invalid: expected {what}"
+        )
+    return v
+
+
 def _flag(entry: Mapping[str, Any], key: str, default: bool) -> bool:
     v = entry.get(key, default)
     if type(v) is not bool:
@@ -59,6 +68,10 @@ class RemoteTierConfig:
     max_store_bytes_in_flight: int = 1 << 30
     touch_on_hit: bool = True
     enable_kv_events: bool = False
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_server_name: str | None = None
 
     @classmethod
     def from_dict(cls, entry: Mapping[str, Any]) -> RemoteTierConfig:
@@ -78,7 +91,8 @@ class RemoteTierConfig:
         if not isinstance(url, str) or not url:
             raise ConfigError(
                 f"secondary tier url={_masked(url)!r} is invalid: it is required, e.g. "
-                "'redis://[user:password@]host:port[/db]' or 'unix:///path/to.sock[?db=N]'"
+                "'redis://[user:password@]host:port[/db]', 'rediss://...' (TLS) or "
+                "'unix:///path/to.sock[?db=N]'"
             )
         namespace = entry.get("namespace")
         if not isinstance(namespace, str) or not namespace.strip() or len(namespace) > 1024:
@@ -103,6 +117,14 @@ class RemoteTierConfig:
             ),
             touch_on_hit=_flag(entry, "touch_on_hit", True),
             enable_kv_events=_flag(entry, "enable_kv_events", False),
+            # Whether the files are there and hold what they must is checked where they are
+            # read, in the data path, before any connection.
+            tls_ca_file=_optional_text(entry, "tls_ca_file", "the path of a PEM file"),
+            tls_cert_file=_optional_text(entry, "tls_cert_file", "the path of a PEM file"),
+            tls_key_file=_optional_text(entry, "tls_key_file", "the path of a PEM file"),
+            tls_server_name=_optional_text(
+                entry, "tls_server_name", "the DNS name or IP address of the certificate"
+            ),
         )
 
     def client_options(self) -> dict[str, Any]:
@@ -117,6 +139,10 @@ class RemoteTierConfig:
             "ttl_s": self.ttl_s,
             "max_store_bytes_in_flight": self.max_store_bytes_in_flight,
             "touch_on_hit": self.touch_on_hit,
+            "tls_ca_file": self.tls_ca_file,
+            "tls_cert_file": self.tls_cert_file,
+            "tls_key_file": self.tls_key_file,
+            "tls_server_name": self.tls_server_name,
         }
 
     @property

@@ -7,11 +7,13 @@ use crate::errors::RemoteError;
 use crate::keys::{new_bytes, KeyArg};
 use kvoffload_remote::{
     self as remote, CanaryOutcome, Completion, Config, LookupTable, RawBuf, RawBufMut, Tier,
+    TlsConfig,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -197,7 +199,8 @@ impl RemoteTier {
         url, namespace, chunk_bytes, *, connect_timeout_s = 1.0, job_timeout_s = 2.0,
         min_bandwidth_mb_s = 100.0, connections = 2, breaker_failures = 3,
         breaker_cooldown_s = 2.0, ttl_s = None, max_store_bytes_in_flight = 1_073_741_824,
-        touch_on_hit = true,
+        touch_on_hit = true, tls_ca_file = None, tls_cert_file = None, tls_key_file = None,
+        tls_server_name = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -214,6 +217,10 @@ impl RemoteTier {
         ttl_s: Option<f64>,
         max_store_bytes_in_flight: u64,
         touch_on_hit: bool,
+        tls_ca_file: Option<PathBuf>,
+        tls_cert_file: Option<PathBuf>,
+        tls_key_file: Option<PathBuf>,
+        tls_server_name: Option<String>,
     ) -> PyResult<Self> {
         use remote::config::{MIN_BANDWIDTH_RANGE, TIMEOUT_MAX, TIMEOUT_MIN, TTL_MAX};
         let ns: [u8; 16] = namespace.try_into().map_err(|_| {
@@ -251,6 +258,12 @@ impl RemoteTier {
             .transpose()?;
         cfg.max_store_bytes_in_flight = max_store_bytes_in_flight;
         cfg.touch_on_hit = touch_on_hit;
+        cfg.tls = TlsConfig {
+            ca_file: tls_ca_file,
+            cert_file: tls_cert_file,
+            key_file: tls_key_file,
+            server_name: tls_server_name,
+        };
         let tier = py.detach(|| Tier::connect(cfg, ns)).map_err(to_py)?;
         Ok(RemoteTier {
             tier,

@@ -52,9 +52,8 @@ impl Tier {
         let mut startup_error = None;
         match Conn::connect(&sh.target, Instant::now() + sh.cfg.connect_timeout) {
             Ok(c) => first = Some(c),
-            Err(e @ (RemoteError::Auth(_) | RemoteError::Config(_))) => return Err(e),
-            Err(RemoteError::Tls(m)) => {
-                return Err(RemoteError::Tls(format!("{}: {m}", url::mask(&sh.cfg.url))))
+            Err(e @ (RemoteError::Auth(_) | RemoteError::Config(_) | RemoteError::Tls(_))) => {
+                return Err(e)
             }
             Err(e) => {
                 Counters::add(&sh.stats.connect_failures, 1);

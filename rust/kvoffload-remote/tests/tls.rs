@@ -141,16 +141,12 @@ fn verified_round_trip_and_the_plain_port_sees_the_same_keys() {
 }
 
 #[test]
-fn a_certificate_that_does_not_verify_is_a_start_up_error_naming_the_url() {
+fn a_certificate_that_does_not_verify_is_a_start_up_error() {
     let Some(s) = tls_server(false, Some("hunter2")) else {
         return;
     };
     let m = tls_err(Tier::connect(cfg(&s.url(), MB, s.tls("other-ca.crt")), NS));
     assert!(m.contains("not signed by a CA of tls_ca_file"), "{m}");
-    assert!(
-        m.contains(&format!("rediss://:***@127.0.0.1:{}", s.tls_port)),
-        "{m}"
-    );
     assert!(!m.contains("hunter2"), "{m}");
     let wrong_name = TlsConfig {
         server_name: Some("redis.example.com".into()),
@@ -199,11 +195,9 @@ fn plain_against_tls_and_tls_against_plain_are_refused_clearly() {
     let plain_to_tls = format!("redis://127.0.0.1:{}", s.tls_port);
     let m = tls_err(Tier::connect(config(&plain_to_tls, MB), NS));
     assert!(m.contains("is it a TLS port? (use rediss:// there)"), "{m}");
-    assert!(m.contains(&plain_to_tls), "{m}");
     let tls_to_plain = format!("rediss://127.0.0.1:{}", s.server.port);
     let m = tls_err(Tier::connect(cfg(&tls_to_plain, MB, s.tls("ca.crt")), NS));
     assert!(m.contains("plain port"), "{m}");
-    assert!(m.contains(&tls_to_plain), "{m}");
 }
 
 #[test]
