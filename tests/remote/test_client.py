@@ -117,6 +117,25 @@ def test_every_identity_field_separates_namespaces(redis, field, value):
     )
 
 
+def test_a_chunk_counts_only_when_every_ranks_shard_is_there(redis):
+    ranks = [dataclasses.replace(IDENTITY, tp_size=3, rank=r) for r in range(3)]
+    digests = [r.digest() for r in ranks]
+    ks = keys(4, salt=3)
+    for r, identity in enumerate(ranks):
+        writer = client(redis.url, identity)
+        # Rank 2 lacks chunk 1's shard, rank 1 chunk 3's.
+        mine = [k for i, k in enumerate(ks) if (r, i) not in ((2, 1), (1, 3))]
+        job = writer.store(mine, pool(len(mine), r), [i * CHUNK for i in range(len(mine))])
+        assert finish(writer, job) == bytes([OK]) * len(mine)
+    config = RemoteTierConfig.from_dict({"url": redis.url, "namespace": IDENTITY.namespace})
+    every_rank = RemoteClient(config, digests[0], CHUNK, lookup_digests=digests)
+    assert finish(every_rank, every_rank.lookup(ks)) == bytes([OK, MISSING, OK, MISSING])
+    rank_0 = client(redis.url, ranks[0])
+    assert finish(rank_0, rank_0.lookup(ks)) == bytes([OK]) * 4
+    with pytest.raises(ConfigError, match="a lookup namespace has 3 bytes"):
+        RemoteClient(config, digests[0], CHUNK, lookup_digests=[b"abc"])
+
+
 def test_a_flipped_byte_is_corrupt_and_deleted(redis):
     c = client(redis.url)
     src = pool(2, 6)

@@ -217,6 +217,11 @@ def test_a_promotion_ends_after_both_workers_report(redis):
     assert statuses(store, ks) == [READY, READY, ABSENT, ABSENT]
     assert stats.remote_promotions == 1
     assert stats.remote_promotion_refusals == 0
+    # Nor for a later request (the negative cache), which asks the server nothing about them.
+    lookups.cleanup("r")
+    assert tier.promote("r2", ks, 0, 2, 4, rank) is False
+    assert tier.take_jobs() == ([], [])
+    assert lookups.in_flight() == 0
 
 
 def test_a_promotion_both_workers_filled_is_ready_and_loadable(redis):

@@ -40,10 +40,16 @@ class RemoteClient:
         chunk_bytes: int,
         *,
         connections: int | None = None,
+        lookup_digests: Sequence[bytes] | None = None,
     ) -> None:
+        """`lookup_digests`: when each rank stores its own shard of a chunk under its own digest,
+        all of them (`namespace_digest` among them): a lookup then finds a chunk only when every
+        shard is there. Unset, lookups ask `namespace_digest`'s key alone."""
         options = config.client_options()
         if connections is not None:
             options["connections"] = connections
+        if lookup_digests is not None:
+            options["lookup_namespaces"] = list(lookup_digests)
         try:
             self._tier = _rust.RemoteTier(config.url, namespace_digest, chunk_bytes, **options)
         except _rust.RemoteError as exc:

@@ -47,13 +47,14 @@ class SchedulerSide:
         self._canary: SeedCanary | None = None
         lookups = None
         if settings.remote is not None:
-            # The existence checks ask rank 0's shard: a chunk another rank lacks fails its
-            # promotion there and is recomputed.
+            # A chunk counts only when every rank's shard is there: one evicted on any rank is a
+            # miss here, not a promotion that fails on that rank and is recomputed.
             self._lookup_client = RemoteClient(
                 settings.remote,
                 settings.shard_digest(0),
                 settings.worker_block_bytes * settings.config.blocks_per_chunk,
                 connections=1,
+                lookup_digests=[settings.shard_digest(r) for r in range(settings.world_size)],
             )
             lookups = RemoteLookups(self._lookup_client)
             self._canary = SeedCanary(self._lookup_client, logger)

@@ -200,7 +200,7 @@ impl RemoteTier {
         min_bandwidth_mb_s = 100.0, connections = 2, breaker_failures = 3,
         breaker_cooldown_s = 2.0, ttl_s = None, max_store_bytes_in_flight = 1_073_741_824,
         touch_on_hit = true, tls_ca_file = None, tls_cert_file = None, tls_key_file = None,
-        tls_server_name = None,
+        tls_server_name = None, lookup_namespaces = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -221,14 +221,25 @@ impl RemoteTier {
         tls_cert_file: Option<PathBuf>,
         tls_key_file: Option<PathBuf>,
         tls_server_name: Option<String>,
+        lookup_namespaces: Option<Vec<Vec<u8>>>,
     ) -> PyResult<Self> {
         use remote::config::{MIN_BANDWIDTH_RANGE, TIMEOUT_MAX, TIMEOUT_MIN, TTL_MAX};
-        let ns: [u8; 16] = namespace.try_into().map_err(|_| {
-            PyValueError::new_err(format!(
-                "namespace has {} bytes; allowed: exactly 16 (a digest)",
-                namespace.len()
-            ))
-        })?;
+        let digest = |name: &str, bytes: &[u8]| -> PyResult<[u8; 16]> {
+            bytes.try_into().map_err(|_| {
+                PyValueError::new_err(format!(
+                    "{name} has {} bytes; allowed: exactly 16 (a digest)",
+                    bytes.len()
+                ))
+            })
+        };
+        let ns = digest("namespace", namespace)?;
+        let lookup_ns = match lookup_namespaces {
+            None => vec![ns],
+            Some(list) => list
+                .iter()
+                .map(|d| digest("a lookup namespace", d))
+                .collect::<PyResult<_>>()?,
+        };
         let (lo, hi) = MIN_BANDWIDTH_RANGE;
         let (lo, hi) = (lo as f64 / 1e6, hi as f64 / 1e6);
         if !min_bandwidth_mb_s.is_finite() || min_bandwidth_mb_s < lo || min_bandwidth_mb_s > hi {
@@ -264,7 +275,9 @@ impl RemoteTier {
             key_file: tls_key_file,
             server_name: tls_server_name,
         };
-        let tier = py.detach(|| Tier::connect(cfg, ns)).map_err(to_py)?;
+        let tier = py
+            .detach(|| Tier::connect_shards(cfg, ns, lookup_ns))
+            .map_err(to_py)?;
         Ok(RemoteTier {
             tier,
             owners: Mutex::default(),

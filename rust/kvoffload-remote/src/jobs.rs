@@ -17,6 +17,7 @@ use std::sync::Mutex;
 pub(crate) struct Ctx<'a> {
     pub layout: Layout,
     pub ns: &'a [u8; 16],
+    pub lookup_ns: &'a [[u8; 16]],
     pub ttl_ms: Option<u64>,
     pub touch_on_hit: bool,
     pub stats: &'a Counters,
@@ -51,6 +52,16 @@ impl Ctx<'_> {
         }
     }
 
+    /// Each Redis key of every shard of chunk `key`, in `buf`.
+    fn each_shard_key(&self, buf: &mut Vec<u8>, key: &[u8], mut f: impl FnMut(&[u8])) {
+        for ns in self.lookup_ns {
+            for &part in self.parts() {
+                format::redis_key(buf, ns, key, part);
+                f(buf);
+            }
+        }
+    }
+
     /// An error reply settles one item; the connection is fine, so the breaker does not count it.
     fn server_error(&self, msg: &str) {
         Counters::add(&self.stats.server_errors, 1);
@@ -80,37 +91,35 @@ pub(crate) fn lookup(
     keys: &[Vec<u8>],
     st: &mut [u8],
 ) -> Result<()> {
+    // One EXISTS per chunk over every part of every shard: a chunk counts only whole, so a
+    // shard evicted on one rank is a miss here, not a promotion that fails.
+    let parts = ctx.lookup_ns.len() * ctx.parts().len();
     let mut p = Pipeline::new();
     let mut k = Vec::new();
     for key in keys {
-        for &part in ctx.parts() {
-            ctx.key(&mut k, key, part);
-            p.command(2).arg(b"EXISTS").arg(&k);
-        }
+        p.command(1 + parts).arg(b"EXISTS");
+        ctx.each_shard_key(&mut k, key, |k| {
+            p.arg(k);
+        });
     }
     conn.send(&p)?;
     let mut hits = Vec::new();
     for (i, key) in keys.iter().enumerate() {
-        let mut present = true;
-        let mut failed = false;
-        for _ in ctx.parts() {
-            match read_int(conn, "EXISTS")? {
-                Ok(1) => {}
-                Ok(0) => present = false,
-                Ok(n) => return Err(RemoteError::Protocol(format!("EXISTS of one key gave {n}"))),
-                Err(m) => {
-                    ctx.server_error(&m);
-                    failed = true;
-                }
+        st[i] = match read_int(conn, "EXISTS")? {
+            Ok(n) if n == parts as i64 => {
+                hits.push(key);
+                OK
             }
-        }
-        st[i] = if failed {
-            FAILED
-        } else if present {
-            hits.push(key);
-            OK
-        } else {
-            MISSING
+            Ok(n) if (0..parts as i64).contains(&n) => MISSING,
+            Ok(n) => {
+                return Err(RemoteError::Protocol(format!(
+                    "EXISTS of {parts} keys gave {n}"
+                )))
+            }
+            Err(m) => {
+                ctx.server_error(&m);
+                FAILED
+            }
         };
     }
     Counters::add(&ctx.stats.lookup_keys, keys.len() as u64);
@@ -118,12 +127,12 @@ pub(crate) fn lookup(
     if ctx.touch_on_hit && !hits.is_empty() {
         // EXISTS leaves the LRU clock alone; without this a hot prefix is evicted like a cold one.
         let mut p = Pipeline::new();
-        p.command(1 + hits.len() * ctx.parts().len()).arg(b"TOUCH");
+        // Every shard's keys: touching one rank's alone leaves the others to age out first.
+        p.command(1 + hits.len() * parts).arg(b"TOUCH");
         for key in hits {
-            for &part in ctx.parts() {
-                ctx.key(&mut k, key, part);
-                p.arg(&k);
-            }
+            ctx.each_shard_key(&mut k, key, |k| {
+                p.arg(k);
+            });
         }
         conn.send(&p)?;
         if let Err(m) = read_int(conn, "TOUCH")? {

@@ -5,11 +5,21 @@
 //! A key asked for the first time is queued; `flush` sends the step's queue as one lookup job;
 //! `apply` records its answers. Until then the key's verdict is unknown ("ask again"). A verdict
 //! lives while some request that asked for it lives (or its check is in flight).
+//!
+//! A key whose load failed (`mark_miss`) is also a miss for every request that asks within
+//! `NEGATIVE_TTL` after (a bounded negative cache): a chunk the tier claims but cannot deliver
+//! must not make each new request promote it, fail and recompute.
 
 use crate::status::OK;
 use foldhash::fast::RandomState;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a key whose load failed stays a miss without being asked again.
+pub const NEGATIVE_TTL: Duration = Duration::from_secs(30);
+/// The most keys the negative cache holds; the oldest go first.
+pub const NEGATIVE_CAPACITY: usize = 65_536;
 
 // Keys are block hashes already: a fast hash of them is as good as SipHash, at a third the cost.
 type Map<K, V> = HashMap<K, V, RandomState>;
@@ -26,18 +36,77 @@ struct Verdict {
     requests: u32,
 }
 
-#[derive(Default)]
+/// Keys whose load failed, each until its expiry; `order` is by expiry, as the TTL is fixed.
+struct NegativeCache {
+    ttl: Duration,
+    capacity: usize,
+    until: Map<Key, Instant>,
+    order: VecDeque<(Key, Instant)>,
+}
+
+impl NegativeCache {
+    fn insert(&mut self, key: Key, now: Instant) {
+        let until = now + self.ttl;
+        self.until.insert(key.clone(), until);
+        self.order.push_back((key, until));
+        while self.order.len() > self.capacity {
+            self.pop_front();
+        }
+    }
+
+    fn pop_front(&mut self) {
+        if let Some((key, until)) = self.order.pop_front() {
+            // A key marked again since is kept, under its later expiry.
+            if self.until.get(&key) == Some(&until) {
+                self.until.remove(&key);
+            }
+        }
+    }
+
+    /// Whether `key` is a known miss now; drops what has expired on the way.
+    fn holds(&mut self, key: &[u8], now: Instant) -> bool {
+        while self.order.front().is_some_and(|(_, until)| *until <= now) {
+            self.pop_front();
+        }
+        self.until.contains_key(key)
+    }
+}
+
 pub struct LookupTable {
     verdicts: Map<Key, Verdict>,
     requests: Map<String, Set<Key>>,
     batch: Batch,
     jobs: Map<u64, Batch>,
     generation: u64,
+    negative: NegativeCache,
+}
+
+impl Default for LookupTable {
+    fn default() -> Self {
+        Self::with_negative_cache(NEGATIVE_TTL, NEGATIVE_CAPACITY)
+    }
 }
 
 impl LookupTable {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A table whose failed keys stay misses for `ttl`, at most `capacity` of them at a time.
+    pub fn with_negative_cache(ttl: Duration, capacity: usize) -> Self {
+        LookupTable {
+            verdicts: Map::default(),
+            requests: Map::default(),
+            batch: Batch::new(),
+            jobs: Map::default(),
+            generation: 0,
+            negative: NegativeCache {
+                ttl,
+                capacity,
+                until: Map::default(),
+                order: VecDeque::new(),
+            },
+        }
     }
 
     /// `key`'s verdict for `request`: found or not once answered, `None` while queued or in
@@ -59,15 +128,20 @@ impl LookupTable {
         asked.reserve(keys.len());
         self.verdicts.reserve(keys.len());
         let (mut found, mut waiting) = (0, false);
+        // Read once per call, and only while some key is in the negative cache.
+        let now = (!self.negative.until.is_empty()).then(Instant::now);
         for key in keys {
             if !self.verdicts.contains_key(*key) {
                 let generation = self.generation;
                 self.generation += 1;
                 let shared: Key = Arc::from(*key);
-                self.batch.push((shared.clone(), generation));
+                let known_miss = now.is_some_and(|now| self.negative.holds(key, now));
+                if !known_miss {
+                    self.batch.push((shared.clone(), generation));
+                }
                 let verdict = Verdict {
                     generation,
-                    found: None,
+                    found: known_miss.then_some(false),
                     in_flight: false,
                     requests: 0,
                 };
@@ -150,15 +224,27 @@ impl LookupTable {
     }
 
     /// Keys a load failed on count as missing until their requests finish (vLLM #49176: a
-    /// verdict of "found" would promote them again and again).
+    /// verdict of "found" would promote them again and again), and for later requests until
+    /// the negative cache's TTL has passed.
     pub fn mark_miss(&mut self, keys: &[&[u8]]) {
+        let now = Instant::now();
         for key in keys {
+            let shared = match self.verdicts.get_key_value(*key) {
+                Some((shared, _)) => shared.clone(),
+                None => Arc::from(*key),
+            };
             if let Some(v) = self.verdicts.get_mut(*key) {
                 if !v.in_flight && v.found.is_some() {
                     v.found = Some(false);
                 }
             }
+            self.negative.insert(shared, now);
         }
+    }
+
+    /// Keys in the negative cache, expired ones included until they are next pruned.
+    pub fn known_misses(&self) -> usize {
+        self.negative.until.len()
     }
 
     /// Drops a finished request's interest; a check still in flight stays until it lands.
@@ -269,6 +355,40 @@ mod tests {
         t.apply(job, &[OK, OK]);
         t.mark_miss(&[b"b", b"zz"]);
         assert_eq!(t.prefix(&[b"a", b"b"], "r1"), (1, false));
+    }
+
+    #[test]
+    fn a_failed_key_is_a_miss_for_later_requests_until_the_ttl() {
+        let mut t = LookupTable::with_negative_cache(Duration::from_millis(200), 100);
+        t.prefix(&[b"a", b"b", b"c"], "r1");
+        let (job, _) = sent(&mut t);
+        t.apply(job, &[OK, OK, OK]);
+        t.mark_miss(&[b"b"]);
+        t.cleanup("r1");
+        assert!(t.is_empty());
+        // A new request: "a" is asked again, "b" is a miss at once, so "c" is not reached.
+        assert_eq!(t.prefix(&[b"a", b"b", b"c"], "r2"), (0, true));
+        let (job, batch) = sent(&mut t);
+        assert_eq!(batch, vec![b"a".to_vec()]);
+        t.apply(job, &[OK]);
+        t.cleanup("r2");
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(t.prefix(&[b"a", b"b"], "r3"), (0, true));
+        assert_eq!(sent(&mut t).1, vec![b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(t.known_misses(), 0);
+    }
+
+    #[test]
+    fn the_negative_cache_is_bounded_oldest_first() {
+        let mut t = LookupTable::with_negative_cache(Duration::from_secs(60), 2);
+        t.mark_miss(&[b"a", b"b", b"c"]);
+        assert_eq!(t.known_misses(), 2);
+        t.mark_miss(&[b"b"]); // marked again: its newer entry outlives the older one's pop
+        t.mark_miss(&[b"d"]);
+        assert_eq!(t.prefix(&[b"a"], "r"), (0, true)); // "a" went first: asked again
+        assert_eq!(t.prefix(&[b"b"], "s"), (0, false));
+        assert_eq!(t.prefix(&[b"d"], "s"), (0, false));
+        assert_eq!(t.prefix(&[b"c"], "u"), (0, true));
     }
 
     #[test]

@@ -83,6 +83,8 @@ pub(crate) struct Shared {
     pub(crate) cfg: Config,
     pub(crate) target: Target,
     pub(crate) ns: [u8; 16],
+    /// The namespaces a lookup needs every shard of (each rank's), `ns` among them.
+    pub(crate) lookup_ns: Vec<[u8; 16]>,
     pub(crate) layout: Layout,
     pub(crate) q: Mutex<Queues>,
     pub(crate) work_cv: Condvar,
@@ -102,6 +104,7 @@ impl Shared {
         Ctx {
             layout: self.layout,
             ns: &self.ns,
+            lookup_ns: &self.lookup_ns,
             ttl_ms: self.cfg.ttl.map(|t| t.as_millis().max(1) as u64),
             touch_on_hit: self.cfg.touch_on_hit,
             stats: &self.stats,

@@ -19,6 +19,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The most shards one chunk may have (ranks of one engine): bounds a lookup's EXISTS.
+pub const MAX_SHARDS: usize = 1024;
+
 /// A Redis / Valkey tier: asynchronous lookups, stores and loads of fixed-size chunks.
 pub struct Tier {
     sh: Arc<Shared>,
@@ -33,7 +36,24 @@ impl Tier {
     /// that does not verify, TLS against a plain port or the reverse) are an error; an
     /// unreachable server is not: the tier starts down and [`Tier::startup_error`] says why.
     pub fn connect(cfg: Config, namespace: [u8; 16]) -> Result<Tier> {
+        Tier::connect_shards(cfg, namespace, vec![namespace])
+    }
+
+    /// [`Tier::connect`] for a tier whose chunks are stored as shards, one per namespace of
+    /// `lookup_namespaces` (each worker's rank writes its own): a lookup finds a chunk only when
+    /// every shard is there. Stores and loads use `namespace` alone.
+    pub fn connect_shards(
+        cfg: Config,
+        namespace: [u8; 16],
+        lookup_namespaces: Vec<[u8; 16]>,
+    ) -> Result<Tier> {
         cfg.validate()?;
+        if lookup_namespaces.is_empty() || lookup_namespaces.len() > MAX_SHARDS {
+            return Err(RemoteError::Config(format!(
+                "{} lookup namespaces; allowed: 1 to {MAX_SHARDS}",
+                lookup_namespaces.len()
+            )));
+        }
         let url = url::parse(&cfg.url)?;
         let tls = tls::client(&url, &cfg.tls)?;
         let sh = Arc::new(Shared {
@@ -41,6 +61,7 @@ impl Tier {
             breaker: Breaker::new(cfg.breaker_failures, cfg.breaker_cooldown),
             target: Target { url, tls },
             ns: namespace,
+            lookup_ns: lookup_namespaces,
             q: Mutex::new(Queues::default()),
             work_cv: Condvar::new(),
             done_cv: Condvar::new(),
