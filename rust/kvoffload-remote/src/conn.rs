@@ -200,10 +200,29 @@ fn handshake(tcp: TcpStream, tls: &TlsClient, deadline: Instant) -> Result<Socke
     Ok(Socket::Tls(Box::new(s)))
 }
 
+/// How long a plaintext probe waits for its answer after a TLS handshake timed out.
+const PROBE_WAIT: Duration = Duration::from_millis(500);
+
+/// Whether the endpoint answers an inline `PING` in RESP: a Redis plain port, which reads a
+/// TLS ClientHello as the start of an inline command and waits for its end.
+fn answers_plaintext(url: &ServerUrl) -> bool {
+    let Ok(TcpOrUnix::Tcp(mut s)) = open(url, Instant::now() + PROBE_WAIT) else {
+        return false;
+    };
+    let mut first = [0u8; 1];
+    s.set_read_timeout(Some(PROBE_WAIT)).is_ok()
+        && s.set_write_timeout(Some(PROBE_WAIT)).is_ok()
+        && s.write_all(b"PING\r\n").is_ok()
+        && matches!(s.read(&mut first), Ok(1))
+        && matches!(first[0], b'+' | b'-')
+}
+
+/// A timeout, not a TLS error: a server too slow to answer in time must not stop start-up (the
+/// tier starts down and retries), though the hint names the other cause.
 fn no_handshake() -> RemoteError {
-    RemoteError::Tls(
-        "no TLS handshake within the connect timeout: a plain port that waits for a RESP \
-         command? (use redis:// there) or a server too slow to answer"
+    RemoteError::Timeout(
+        "no TLS handshake within the connect timeout: a server too slow to answer, or a plain \
+         port that waits for a RESP command? (use redis:// there)"
             .into(),
     )
 }
@@ -226,7 +245,16 @@ impl Conn {
     pub fn connect(target: &Target, deadline: Instant) -> Result<Conn> {
         let url = &target.url;
         let socket = match (open(url, deadline)?, &target.tls) {
-            (TcpOrUnix::Tcp(s), Some(tls)) => handshake(s, tls, deadline)?,
+            (TcpOrUnix::Tcp(s), Some(tls)) => match handshake(s, tls, deadline) {
+                Err(RemoteError::Timeout(_)) if answers_plaintext(url) => {
+                    return Err(RemoteError::Tls(
+                        "the server answers plaintext RESP on this port: it is a plain port \
+                         (use redis:// there, rediss:// only against a tls-port)"
+                            .into(),
+                    ))
+                }
+                res => res?,
+            },
             (TcpOrUnix::Tcp(s), None) => Socket::Tcp(s),
             (TcpOrUnix::Unix(s), _) => Socket::Unix(s),
         };

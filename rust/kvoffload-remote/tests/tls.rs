@@ -19,12 +19,7 @@ struct TlsServer {
     certs: PathBuf,
 }
 
-/// A server with its usual plain port and a TLS port; `auth_clients`: whether it requires a
-/// client certificate.
-fn tls_server(auth_clients: bool, password: Option<&str>) -> Option<TlsServer> {
-    if !Server::available() {
-        return None;
-    }
+fn make_certs() -> PathBuf {
     let certs =
         std::env::temp_dir().join(format!("kvo-certs-{}-{}", std::process::id(), free_port()));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/tls/make_certs.sh");
@@ -35,6 +30,16 @@ fn tls_server(auth_clients: bool, password: Option<&str>) -> Option<TlsServer> {
         .unwrap()
         .success();
     assert!(ok, "{} failed", script.display());
+    certs
+}
+
+/// A server with its usual plain port and a TLS port; `auth_clients`: whether it requires a
+/// client certificate.
+fn tls_server(auth_clients: bool, password: Option<&str>) -> Option<TlsServer> {
+    if !Server::available() {
+        return None;
+    }
+    let certs = make_certs();
     let tls_port = free_port().to_string();
     let file = |n: &str| certs.join(n).display().to_string();
     let (cert, key, ca) = (file("server.crt"), file("server.key"), file("ca.crt"));
@@ -97,7 +102,10 @@ fn tls_err(res: Result<Tier, RemoteError>) -> String {
     match res {
         Err(RemoteError::Tls(m)) => m,
         Err(e) => panic!("expected a TLS error, got {e:?}"),
-        Ok(_) => panic!("expected a TLS error, the tier connected"),
+        Ok(t) => panic!(
+            "expected a TLS error, the tier connected: {:?}",
+            t.startup_error()
+        ),
     }
 }
 
@@ -269,4 +277,21 @@ fn an_unreachable_tls_server_starts_the_tier_down_and_a_restart_reconnects() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     assert_eq!(lookup(&t, &keys("back", 2)), vec![OK; 2]);
+}
+
+#[test]
+fn a_tls_server_that_never_answers_starts_the_tier_down() {
+    let certs = make_certs();
+    // Connections land in the listener's backlog and are never answered.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("rediss://127.0.0.1:{}", silent.local_addr().unwrap().port());
+    let mut c = config(&url, MB);
+    c.connect_timeout = std::time::Duration::from_millis(300);
+    c.tls.ca_file = Some(certs.join("ca.crt"));
+    let t = Tier::connect(c, NS).unwrap();
+    let why = t.startup_error().expect("started down");
+    assert!(
+        why.contains("no TLS handshake within the connect timeout"),
+        "{why}"
+    );
 }
