@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass
 
 # Bumped whenever the value header or the key scheme changes (rust/kvoffload-remote's format).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ pub struct Config {
     pub touch_on_hit: bool,
     /// Used only (and required to be empty otherwise) with a `rediss://` URL.
     pub tls: TlsConfig,
+    /// Redis Cluster: `None` asks the first seed that answers (`cluster_enabled`).
+    pub cluster: Option<bool>,
 }
 
 pub const MAX_CHUNK_BYTES: usize = 256 << 20;
@@ -83,6 +85,7 @@ impl Config {
             max_store_bytes_in_flight: 1 << 30,
             touch_on_hit: true,
             tls: TlsConfig::default(),
+            cluster: None,
         }
     }
 

@@ -113,7 +113,7 @@ pub struct Conn {
     line: Vec<u8>,
 }
 
-fn open(url: &ServerUrl, deadline: Instant) -> Result<TcpOrUnix> {
+fn open(endpoint: &Endpoint, deadline: Instant) -> Result<TcpOrUnix> {
     let left = || {
         let d = deadline.saturating_duration_since(Instant::now());
         if d.is_zero() {
@@ -124,7 +124,7 @@ fn open(url: &ServerUrl, deadline: Instant) -> Result<TcpOrUnix> {
             Ok(d)
         }
     };
-    match &url.endpoint {
+    match endpoint {
         Endpoint::Tcp { host, port } => {
             let addrs = (host.as_str(), *port)
                 .to_socket_addrs()
@@ -205,8 +205,8 @@ const PROBE_WAIT: Duration = Duration::from_millis(500);
 
 /// Whether the endpoint answers an inline `PING` in RESP: a Redis plain port, which reads a
 /// TLS ClientHello as the start of an inline command and waits for its end.
-fn answers_plaintext(url: &ServerUrl) -> bool {
-    let Ok(TcpOrUnix::Tcp(mut s)) = open(url, Instant::now() + PROBE_WAIT) else {
+fn answers_plaintext(endpoint: &Endpoint) -> bool {
+    let Ok(TcpOrUnix::Tcp(mut s)) = open(endpoint, Instant::now() + PROBE_WAIT) else {
         return false;
     };
     let mut first = [0u8; 1];
@@ -243,10 +243,16 @@ fn is_auth_error(msg: &str) -> bool {
 impl Conn {
     /// Connects, authenticates and selects the database, all before `deadline`.
     pub fn connect(target: &Target, deadline: Instant) -> Result<Conn> {
+        Conn::connect_to(target, &target.url.endpoint, deadline)
+    }
+
+    /// [`Conn::connect`] to another node of the target (a cluster's), with its credentials and
+    /// TLS.
+    pub fn connect_to(target: &Target, endpoint: &Endpoint, deadline: Instant) -> Result<Conn> {
         let url = &target.url;
-        let socket = match (open(url, deadline)?, &target.tls) {
+        let socket = match (open(endpoint, deadline)?, &target.tls) {
             (TcpOrUnix::Tcp(s), Some(tls)) => match handshake(s, tls, deadline) {
-                Err(RemoteError::Timeout(_)) if answers_plaintext(url) => {
+                Err(RemoteError::Timeout(_)) if answers_plaintext(endpoint) => {
                     return Err(RemoteError::Tls(
                         "the server answers plaintext RESP on this port: it is a plain port \
                          (use redis:// there, rediss:// only against a tls-port)"
@@ -328,6 +334,11 @@ impl Conn {
     /// A reply without a payload; bulks and arrays are protocol errors here.
     pub fn simple(&mut self) -> Result<Head> {
         resp::read_simple(&mut self.reader, &mut self.line)
+    }
+
+    /// A whole small structured reply.
+    pub fn value(&mut self) -> Result<resp::Value> {
+        resp::read_value(&mut self.reader, &mut self.line)
     }
 
     pub fn read_into(&mut self, dest: &mut [u8]) -> Result<()> {

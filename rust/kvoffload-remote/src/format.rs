@@ -10,7 +10,8 @@ pub const VERSION: u16 = 1;
 /// Bytes of payload carried with the header when the chunk is split.
 pub const TAIL_LEN: usize = 4096;
 pub const FLAG_SPLIT: u32 = 1;
-pub const KEY_PREFIX: &[u8] = b"kvo1:";
+/// `kvo2`: keys carry a hash tag (v1 had none).
+pub const KEY_PREFIX: &[u8] = b"kvo2:";
 
 /// Where each part of a chunk of `chunk_bytes` goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,10 +44,17 @@ pub enum Part {
     Body,
 }
 
-/// The Redis key of one part: `kvo1:` + namespace digest + `:` + offload key + `:h` / `:b`.
+/// The Redis key of one part: `kvo2:` + `{` hash tag `}` + namespace digest + `:` + offload key +
+/// `:h` / `:b`. The tag (16 hex digits of the offload key's digest, so it holds no brace) comes
+/// before any byte of the binary digest, and it is the same for every part of every rank's
+/// shard of a chunk: in a Redis Cluster they all live in one slot, so `MSETNX` of a chunk's
+/// parts stays atomic and one `EXISTS` answers for the whole chunk.
 pub fn redis_key(out: &mut Vec<u8>, ns: &[u8; 16], key: &[u8], part: Part) {
     out.clear();
     out.extend_from_slice(KEY_PREFIX);
+    out.push(b'{');
+    out.extend_from_slice(&hash_tag(key));
+    out.push(b'}');
     out.extend_from_slice(ns);
     out.push(b':');
     out.extend_from_slice(key);
@@ -54,6 +62,26 @@ pub fn redis_key(out: &mut Vec<u8>, ns: &[u8; 16], key: &[u8], part: Part) {
         Part::Header => b":h",
         Part::Body => b":b",
     });
+}
+
+/// The hash tag of every Redis key of chunk `key`: 16 lowercase hex digits of its xxh3-64.
+pub fn hash_tag(key: &[u8]) -> [u8; 16] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut tag = [0u8; 16];
+    for (i, b) in xxhash_rust::xxh3::xxh3_64(key)
+        .to_be_bytes()
+        .iter()
+        .enumerate()
+    {
+        tag[2 * i] = HEX[usize::from(b >> 4)];
+        tag[2 * i + 1] = HEX[usize::from(b & 15)];
+    }
+    tag
+}
+
+/// The Redis Cluster slot of every key of chunk `key`.
+pub fn chunk_slot(key: &[u8]) -> u16 {
+    crate::cluster::slot(&hash_tag(key))
 }
 
 pub fn key_digest(key: &[u8]) -> [u8; 16] {
@@ -199,7 +227,8 @@ mod tests {
     fn keys() {
         let mut k = Vec::new();
         redis_key(&mut k, &[1; 16], b"abc", Part::Body);
-        let mut want = b"kvo1:".to_vec();
+        // A golden value: keys change only with KEY_PREFIX (the tag is xxh3-64 of "abc").
+        let mut want = b"kvo2:{78af5f94892f3950}".to_vec();
         want.extend_from_slice(&[1; 16]);
         want.extend_from_slice(b":abc:b");
         assert_eq!(k, want);

@@ -20,6 +20,10 @@ pub(crate) struct Ctx<'a> {
     pub lookup_ns: &'a [[u8; 16]],
     pub ttl_ms: Option<u64>,
     pub touch_on_hit: bool,
+    /// A Redis Cluster: a command's keys must share one slot (one chunk's).
+    pub cluster: bool,
+    /// The `MOVED` answers seen (slot, new owner): the slot map is stale there.
+    pub moved: std::cell::RefCell<Vec<(u16, crate::cluster::Node)>>,
     pub stats: &'a Counters,
     pub last_error: &'a Mutex<Option<String>>,
 }
@@ -64,6 +68,9 @@ impl Ctx<'_> {
 
     /// An error reply settles one item; the connection is fine, so the breaker does not count it.
     fn server_error(&self, msg: &str) {
+        if let Some(m) = crate::cluster::parse_moved(msg) {
+            self.moved.borrow_mut().push(m);
+        }
         Counters::add(&self.stats.server_errors, 1);
         self.note(RemoteError::Server(msg.to_string()).to_string());
     }
@@ -75,6 +82,40 @@ impl Ctx<'_> {
 
 fn unexpected(what: &str, h: Head) -> RemoteError {
     RemoteError::Protocol(format!("unexpected reply to {what}: {h:?}"))
+}
+
+/// `cmd` (`TOUCH`, `DEL`) over the keys of `n` chunks, `keys_of(i, k, push)` giving chunk `i`'s
+/// keys: one command, or in a cluster one per chunk (a command's keys must share one slot).
+/// Returns how many of its commands the server refused (each counted and noted).
+fn keyed_command(
+    conn: &mut Conn,
+    ctx: &Ctx<'_>,
+    cmd: &'static [u8],
+    n: usize,
+    keys_per_chunk: usize,
+    mut keys_of: impl FnMut(usize, &mut Vec<u8>, &mut dyn FnMut(&[u8])),
+) -> Result<usize> {
+    let mut p = Pipeline::new();
+    let mut k = Vec::new();
+    let commands = if ctx.cluster { n } else { 1 };
+    for c in 0..commands {
+        let chunks = if ctx.cluster { c..c + 1 } else { 0..n };
+        p.command(1 + chunks.len() * keys_per_chunk).arg(cmd);
+        for i in chunks {
+            keys_of(i, &mut k, &mut |key| {
+                p.arg(key);
+            });
+        }
+    }
+    conn.send(&p)?;
+    let mut refused = 0;
+    for _ in 0..commands {
+        if let Err(m) = read_int(conn, std::str::from_utf8(cmd).unwrap_or("command"))? {
+            ctx.server_error(&m);
+            refused += 1;
+        }
+    }
+    Ok(refused)
 }
 
 fn read_int(conn: &mut Conn, what: &str) -> Result<std::result::Result<i64, String>> {
@@ -126,18 +167,10 @@ pub(crate) fn lookup(
     Counters::add(&ctx.stats.lookup_hits, hits.len() as u64);
     if ctx.touch_on_hit && !hits.is_empty() {
         // EXISTS leaves the LRU clock alone; without this a hot prefix is evicted like a cold one.
-        let mut p = Pipeline::new();
         // Every shard's keys: touching one rank's alone leaves the others to age out first.
-        p.command(1 + hits.len() * parts).arg(b"TOUCH");
-        for key in hits {
-            ctx.each_shard_key(&mut k, key, |k| {
-                p.arg(k);
-            });
-        }
-        conn.send(&p)?;
-        if let Err(m) = read_int(conn, "TOUCH")? {
-            ctx.server_error(&m);
-        }
+        keyed_command(conn, ctx, b"TOUCH", hits.len(), parts, |i, k, push| {
+            ctx.each_shard_key(k, hits[i], |key| push(key));
+        })?;
     }
     Ok(())
 }
@@ -173,17 +206,10 @@ pub(crate) fn store(
     };
     let mut outcome = written;
     if !orphans.is_empty() {
-        let mut p = Pipeline::new();
-        let mut k = Vec::new();
-        p.command(1 + orphans.len()).arg(b"DEL");
-        for &i in &orphans {
-            ctx.key(&mut k, &items[i].0, Part::Body);
-            p.arg(&k);
-        }
-        conn.send(&p)?;
-        if let Err(m) = read_int(conn, "DEL")? {
-            ctx.server_error(&m);
-        }
+        keyed_command(conn, ctx, b"DEL", orphans.len(), 1, |i, k, push| {
+            ctx.key(k, &items[orphans[i]].0, Part::Body);
+            push(k);
+        })?;
         let again = write_pairs(conn, ctx, items, &headers, &orphans)?;
         for (&i, w) in orphans.iter().zip(again) {
             outcome[i] = w;
@@ -457,18 +483,15 @@ pub(crate) fn load(
     Counters::add(&ctx.stats.corrupt, corrupt.len() as u64);
     Counters::add(&ctx.stats.bytes_read, ok * lay.chunk_bytes as u64);
     if !corrupt.is_empty() {
-        let mut p = Pipeline::new();
-        p.command(1 + corrupt.len() * ctx.parts().len()).arg(b"DEL");
-        for key in &corrupt {
+        let parts = ctx.parts().len();
+        let refused = keyed_command(conn, ctx, b"DEL", corrupt.len(), parts, |i, k, push| {
             for &part in ctx.parts() {
-                ctx.key(&mut k, key, part);
-                p.arg(&k);
+                ctx.key(k, corrupt[i], part);
+                push(k);
             }
-        }
-        conn.send(&p)?;
-        match read_int(conn, "DEL")? {
-            Ok(_) => Counters::add(&ctx.stats.deleted_corrupt, corrupt.len() as u64),
-            Err(m) => ctx.server_error(&m),
+        })?;
+        if refused == 0 {
+            Counters::add(&ctx.stats.deleted_corrupt, corrupt.len() as u64);
         }
     }
     debug_assert!(!st.contains(&PENDING));

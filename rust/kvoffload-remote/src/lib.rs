@@ -7,6 +7,7 @@
 
 mod breaker;
 mod buf;
+pub mod cluster;
 pub mod config;
 mod conn;
 mod error;
@@ -15,6 +16,7 @@ mod jobs;
 mod lookups;
 mod queue;
 pub mod resp;
+mod routing;
 mod stats;
 pub mod status;
 mod tier;

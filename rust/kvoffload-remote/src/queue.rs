@@ -82,6 +82,8 @@ impl Queues {
 pub(crate) struct Shared {
     pub(crate) cfg: Config,
     pub(crate) target: Target,
+    /// The slot map, in cluster mode.
+    pub(crate) cluster: Option<crate::cluster::ClusterState>,
     pub(crate) ns: [u8; 16],
     /// The namespaces a lookup needs every shard of (each rank's), `ns` among them.
     pub(crate) lookup_ns: Vec<[u8; 16]>,
@@ -107,6 +109,8 @@ impl Shared {
             lookup_ns: &self.lookup_ns,
             ttl_ms: self.cfg.ttl.map(|t| t.as_millis().max(1) as u64),
             touch_on_hit: self.cfg.touch_on_hit,
+            cluster: self.cluster.is_some(),
+            moved: std::cell::RefCell::new(Vec::new()),
             stats: &self.stats,
             last_error: &self.last_error,
         }

@@ -246,6 +246,60 @@ pub fn read_simple<R: BufRead>(r: &mut R, line: &mut Vec<u8>) -> Result<Head> {
     }
 }
 
+/// A whole reply as a tree, for the few small structured replies we read (`CLUSTER SLOTS`,
+/// `INFO`). Bounded: at most `MAX_VALUE_BYTES` of bulk data and nesting `MAX_VALUE_DEPTH`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Value {
+    Simple(Vec<u8>),
+    Error(String),
+    Int(i64),
+    Nil,
+    Bulk(Vec<u8>),
+    Array(Vec<Value>),
+}
+
+const MAX_VALUE_BYTES: usize = 16 << 20;
+const MAX_VALUE_DEPTH: usize = 8;
+
+pub fn read_value<R: BufRead>(r: &mut R, line: &mut Vec<u8>) -> Result<Value> {
+    let mut budget = MAX_VALUE_BYTES;
+    read_value_in(r, line, 0, &mut budget)
+}
+
+fn read_value_in<R: BufRead>(
+    r: &mut R,
+    line: &mut Vec<u8>,
+    depth: usize,
+    budget: &mut usize,
+) -> Result<Value> {
+    if depth > MAX_VALUE_DEPTH {
+        return Err(proto(format!("reply nested deeper than {MAX_VALUE_DEPTH}")));
+    }
+    Ok(match read_head(r, line)? {
+        Head::Simple(s) => Value::Simple(s),
+        Head::Error(m) => Value::Error(m),
+        Head::Int(n) => Value::Int(n),
+        Head::Nil => Value::Nil,
+        Head::Bulk(n) => {
+            *budget = budget
+                .checked_sub(n)
+                .ok_or_else(|| proto(format!("reply larger than {MAX_VALUE_BYTES} bytes")))?;
+            Value::Bulk(read_bulk_vec(r, n, MAX_VALUE_BYTES)?)
+        }
+        Head::Array(n) => {
+            // Each item costs at least its line: a huge count from garbage fails on the budget.
+            let mut items = Vec::with_capacity(n.min(1024));
+            for _ in 0..n {
+                *budget = budget
+                    .checked_sub(4)
+                    .ok_or_else(|| proto(format!("reply larger than {MAX_VALUE_BYTES} bytes")))?;
+                items.push(read_value_in(r, line, depth + 1, budget)?);
+            }
+            Value::Array(items)
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

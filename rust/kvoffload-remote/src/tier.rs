@@ -3,6 +3,7 @@
 
 use crate::breaker::{Breaker, BreakerState};
 use crate::buf::{self, RawBuf, RawBufMut};
+use crate::cluster::{self, ClusterState, SlotMap};
 use crate::config::Config;
 use crate::conn::{Conn, Target};
 use crate::error::{RemoteError, Result};
@@ -13,11 +14,112 @@ use crate::stats::{Counters, Stats};
 use crate::status::DROPPED;
 use crate::tls;
 use crate::url;
+use crate::url::Endpoint;
 use crate::worker::{worker_loop, Worker};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Connects to the first seed that answers and learns whether it is a cluster (and its slot
+/// map): the start-up connection (given to a worker when not a cluster), the cluster's state,
+/// and why no seed answered, if none did. Refused credentials, TLS failures and a
+/// configuration that does not fit the server are errors.
+fn first_contact(
+    cfg: &Config,
+    target: &Target,
+) -> Result<(Option<Conn>, Option<ClusterState>, Option<RemoteError>)> {
+    let url = &target.url;
+    let seeds = &url.seeds;
+    if seeds.len() > 1 && cfg.cluster == Some(false) {
+        return Err(RemoteError::Config(format!(
+            "the url names {} hosts with cluster=false; allowed: one host, or several seed \
+             nodes of a cluster (cluster=true or \"auto\")",
+            seeds.len()
+        )));
+    }
+    let db_in_cluster = || {
+        RemoteError::Config(format!(
+            "database {} in the url of a cluster; allowed: 0 (Redis Cluster has only database 0)",
+            url.db
+        ))
+    };
+    if cfg.cluster == Some(true) && url.db != 0 {
+        return Err(db_in_cluster());
+    }
+    let endpoints: Vec<Endpoint> = if seeds.is_empty() {
+        vec![url.endpoint.clone()]
+    } else {
+        seeds
+            .iter()
+            .map(|(host, port)| Endpoint::Tcp {
+                host: host.clone(),
+                port: *port,
+            })
+            .collect()
+    };
+    let mut unreachable = None;
+    for endpoint in &endpoints {
+        let mut conn =
+            match Conn::connect_to(target, endpoint, Instant::now() + cfg.connect_timeout) {
+                Ok(c) => c,
+                Err(e @ (RemoteError::Auth(_) | RemoteError::Config(_) | RemoteError::Tls(_))) => {
+                    return Err(e)
+                }
+                Err(e) => {
+                    unreachable = Some(e);
+                    continue;
+                }
+            };
+        let is_cluster = match cfg.cluster {
+            Some(c) => c,
+            // A server that refuses INFO (an ACL) is taken as one server, as before clusters.
+            None => match cluster::enabled(&mut conn) {
+                Ok(c) => c,
+                Err(RemoteError::Server(_)) => false,
+                Err(e) => {
+                    unreachable = Some(e);
+                    continue;
+                }
+            },
+        };
+        if !is_cluster {
+            if seeds.len() > 1 {
+                return Err(RemoteError::Config(format!(
+                    "the url names {} hosts, but {endpoint} is not in cluster mode; allowed: \
+                     one host for a single server",
+                    seeds.len()
+                )));
+            }
+            return Ok((Some(conn), None, None));
+        }
+        if url.db != 0 {
+            return Err(db_in_cluster());
+        }
+        let Endpoint::Tcp { host, .. } = endpoint else {
+            return Err(RemoteError::Config(
+                "cluster=true with a unix:// url; allowed: redis:// or rediss:// seed nodes".into(),
+            ));
+        };
+        let map = match cluster::fetch(&mut conn, host) {
+            Ok(m) => m,
+            Err(RemoteError::Server(m)) => {
+                return Err(RemoteError::Config(format!(
+                    "cluster=true, but {endpoint} refused CLUSTER SLOTS: {m}"
+                )))
+            }
+            Err(e) => {
+                unreachable = Some(e);
+                continue;
+            }
+        };
+        return Ok((None, Some(ClusterState::new(map, seeds.clone())), None));
+    }
+    // Nobody answered: the tier starts down, as a cluster if the configuration says so.
+    let is_cluster = cfg.cluster.unwrap_or(seeds.len() > 1);
+    let state = is_cluster.then(|| ClusterState::new(SlotMap::empty(), seeds.clone()));
+    Ok((None, state, unreachable))
+}
 
 /// The most shards one chunk may have (ranks of one engine): bounds a lookup's EXISTS.
 pub const MAX_SHARDS: usize = 1024;
@@ -56,10 +158,13 @@ impl Tier {
         }
         let url = url::parse(&cfg.url)?;
         let tls = tls::client(&url, &cfg.tls)?;
+        let target = Target { url, tls };
+        let (mut first, cluster, unreachable) = first_contact(&cfg, &target)?;
         let sh = Arc::new(Shared {
             layout: Layout::new(cfg.chunk_bytes),
             breaker: Breaker::new(cfg.breaker_failures, cfg.breaker_cooldown),
-            target: Target { url, tls },
+            target,
+            cluster,
             ns: namespace,
             lookup_ns: lookup_namespaces,
             q: Mutex::new(Queues::default()),
@@ -69,19 +174,12 @@ impl Tier {
             last_error: Mutex::new(None),
             cfg,
         });
-        let mut first = None;
         let mut startup_error = None;
-        match Conn::connect(&sh.target, Instant::now() + sh.cfg.connect_timeout) {
-            Ok(c) => first = Some(c),
-            Err(e @ (RemoteError::Auth(_) | RemoteError::Config(_) | RemoteError::Tls(_))) => {
-                return Err(e)
-            }
-            Err(e) => {
-                Counters::add(&sh.stats.connect_failures, 1);
-                sh.breaker.trip();
-                Counters::add(&sh.stats.breaker_opens, 1);
-                startup_error = Some(format!("{} unreachable: {e}", url::mask(&sh.cfg.url)));
-            }
+        if let Some(e) = unreachable {
+            Counters::add(&sh.stats.connect_failures, 1);
+            sh.breaker.trip();
+            Counters::add(&sh.stats.breaker_opens, 1);
+            startup_error = Some(format!("{} unreachable: {e}", url::mask(&sh.cfg.url)));
         }
         let mut workers = Vec::with_capacity(sh.cfg.connections);
         for i in 0..sh.cfg.connections {
@@ -281,7 +379,21 @@ impl Tier {
         key.extend_from_slice(b":canary:");
         key.extend_from_slice(name);
         let deadline = Instant::now() + timeout;
-        let res = Conn::connect(&self.sh.target, deadline)
+        let endpoint = match &self.sh.cluster {
+            None => Ok(self.sh.target.url.endpoint.clone()),
+            // The node that owns the canary key's slot.
+            Some(cl) => {
+                let map = cl.map();
+                map.node_of(&key)
+                    .map(|n| Endpoint::Tcp {
+                        host: map.nodes[n].0.clone(),
+                        port: map.nodes[n].1,
+                    })
+                    .ok_or_else(|| RemoteError::Io("no node serves the canary's slot".into()))
+            }
+        };
+        let res = endpoint
+            .and_then(|ep| Conn::connect_to(&self.sh.target, &ep, deadline))
             .and_then(|mut c| jobs::canary(&mut c, &key, identity, self.sh.ctx().ttl_ms));
         res.unwrap_or_else(|e| {
             let why = format!("canary: {e}");

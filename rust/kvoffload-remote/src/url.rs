@@ -1,5 +1,6 @@
-//! Server URLs: `redis://[user:pass@]host[:port][/db]` (`rediss://` for TLS; `valkey://` and
-//! `valkeys://` are the same) and `unix://path[?db=N&password=P]`.
+//! Server URLs: `redis://[user:pass@]host[:port][,host[:port]...][/db]` (`rediss://` for TLS;
+//! `valkey://` and `valkeys://` are the same; several hosts are a cluster's seed nodes) and
+//! `unix://path[?db=N&password=P]`.
 
 use crate::error::{RemoteError, Result};
 use std::path::PathBuf;
@@ -10,6 +11,16 @@ pub enum Endpoint {
     Unix(PathBuf),
 }
 
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Tcp { host, port } if host.contains(':') => write!(f, "[{host}]:{port}"),
+            Endpoint::Tcp { host, port } => write!(f, "{host}:{port}"),
+            Endpoint::Unix(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerUrl {
     pub endpoint: Endpoint,
@@ -18,10 +29,12 @@ pub struct ServerUrl {
     pub db: u32,
     /// `rediss://` / `valkeys://`: the connection is TLS, never plain.
     pub tls: bool,
+    /// Every host of a TCP URL in order (`endpoint` is the first): a cluster's seed nodes.
+    pub seeds: Vec<(String, u16)>,
 }
 
-const ALLOWED: &str = "allowed: redis://[user:password@]host[:port][/db] (rediss:// for TLS) or \
-                       unix:///path/to.sock[?db=N&password=P]";
+const ALLOWED: &str = "allowed: redis://[user:password@]host[:port][,host[:port]...][/db] \
+                       (rediss:// for TLS) or unix:///path/to.sock[?db=N&password=P]";
 
 /// The URL with its password replaced, for messages and logs. The credentials end at the last
 /// `@`, as in [`parse`], so a password holding an unescaped `@` is hidden whole.
@@ -132,6 +145,22 @@ fn parse_tcp(url: &str, rest: &str, tls: bool) -> Result<ServerUrl> {
         Some((hp, d)) => (hp, parse_db(url, d)?),
         None => (hostpart, 0),
     };
+    let seeds = hostport
+        .split(',')
+        .map(|hp| host_port(url, hp))
+        .collect::<Result<Vec<_>>>()?;
+    let (host, port) = seeds[0].clone();
+    Ok(ServerUrl {
+        endpoint: Endpoint::Tcp { host, port },
+        username,
+        password,
+        db,
+        tls,
+        seeds,
+    })
+}
+
+fn host_port(url: &str, hostport: &str) -> Result<(String, u16)> {
     let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
         let (h, after) = v6
             .split_once(']')
@@ -154,16 +183,7 @@ fn parse_tcp(url: &str, rest: &str, tls: bool) -> Result<ServerUrl> {
             .filter(|&p| p != 0)
             .ok_or_else(|| bad(url, &format!("port {p:?} is not an integer in 1..=65535")))?,
     };
-    Ok(ServerUrl {
-        endpoint: Endpoint::Tcp {
-            host: host.to_string(),
-            port,
-        },
-        username,
-        password,
-        db,
-        tls,
-    })
+    Ok((host.to_string(), port))
 }
 
 fn parse_unix(url: &str, rest: &str) -> Result<ServerUrl> {
@@ -180,6 +200,7 @@ fn parse_unix(url: &str, rest: &str) -> Result<ServerUrl> {
         password: None,
         db: 0,
         tls: false,
+        seeds: Vec::new(),
     };
     for pair in query.into_iter().flat_map(|q| q.split('&')) {
         match pair.split_once('=') {
@@ -243,6 +264,25 @@ mod tests {
         }
         assert!(!parse("redis://h").unwrap().tls);
         assert!(!parse("valkey://h").unwrap().tls);
+    }
+
+    #[test]
+    fn seed_lists() {
+        let u = parse("rediss://:pw@h1:7000,h2,[::1]:7002").unwrap();
+        assert_eq!(u.endpoint, tcp("h1", 7000));
+        assert_eq!(
+            u.seeds,
+            vec![
+                ("h1".into(), 7000),
+                ("h2".into(), 6379),
+                ("::1".into(), 7002)
+            ]
+        );
+        assert!(u.tls);
+        assert_eq!(parse("redis://h").unwrap().seeds, vec![("h".into(), 6379)]);
+        for bad in ["redis://h1,", "redis://h1,:7", "redis://h1,h2:0"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use crate::conn::Conn;
 use crate::error::{RemoteError, Result};
 use crate::jobs;
 use crate::queue::{Completion, Job, Shared, Work};
+use crate::routing::NodeConns;
 use crate::stats::Counters;
 use crate::status::{FAILED, PENDING};
 use std::sync::Arc;
@@ -14,6 +15,8 @@ use std::time::Instant;
 /// One worker's connection state.
 pub(crate) struct Worker {
     conn: Option<Conn>,
+    /// In cluster mode, the connections to the primaries instead of `conn`.
+    nodes: NodeConns,
     ever_connected: bool,
     backoff: Backoff,
     retry_at: Option<Instant>,
@@ -26,6 +29,7 @@ impl Worker {
         Worker {
             ever_connected: first.is_some(),
             conn: first,
+            nodes: NodeConns::default(),
             backoff: Backoff::new(seed),
             retry_at: None,
         }
@@ -70,6 +74,9 @@ impl Worker {
         st: &mut [u8],
         deadline: Instant,
     ) -> Result<()> {
+        if let Some(cl) = &sh.cluster {
+            return self.nodes.attempt(sh, cl, job, st, deadline);
+        }
         let ctx = sh.ctx();
         let conn = self.connection(sh, deadline)?;
         match &mut job.work {

@@ -1,6 +1,7 @@
 //! Test helpers: a real redis-server started per test, a raw client, fill patterns.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod tier;
 
 use kvoffload_remote::resp::{self, Head, Pipeline};
@@ -201,6 +202,17 @@ impl Server {
     pub fn raw(&self) -> Raw {
         self.try_raw().expect("raw connection")
     }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// `ROLE` says master.
+    pub fn role_is_primary(&self) -> bool {
+        self.try_raw().is_ok_and(|mut r| {
+            matches!(r.cmd(&[b"ROLE"]), Reply::Array(f) if f.first() == Some(&Reply::Bulk(b"master".to_vec())))
+        })
+    }
 }
 
 impl Drop for Server {
@@ -286,11 +298,12 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 pub fn redis_key(ns: &[u8; 16], key: &[u8], part: &str) -> Vec<u8> {
-    let mut k = b"kvo1:".to_vec();
-    k.extend_from_slice(ns);
-    k.push(b':');
-    k.extend_from_slice(key);
-    k.push(b':');
-    k.extend_from_slice(part.as_bytes());
+    let part = match part {
+        "h" => kvoffload_remote::format::Part::Header,
+        "b" => kvoffload_remote::format::Part::Body,
+        p => panic!("no part {p:?}"),
+    };
+    let mut k = Vec::new();
+    kvoffload_remote::format::redis_key(&mut k, ns, key, part);
     k
 }
