@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from redis_server import RedisServer, redis_server
+from redis_server import RedisCluster, RedisServer, redis_cluster, redis_server
 
 
 @pytest.fixture
@@ -22,3 +22,10 @@ def redis_tls() -> Iterator[RedisServer]:
     signed by `ca.crt`; no client certificate required) beside its plain one."""
     with redis_server(tls=True) as server:
         yield server
+
+
+@pytest.fixture
+def cluster() -> Iterator[RedisCluster]:
+    """A local Redis Cluster of its own (3 primaries, 3 replicas) for each test."""
+    with redis_cluster() as c:
+        yield c

@@ -181,6 +181,65 @@ def read_reply(f: object) -> object:
     raise AssertionError(f"unexpected reply {line!r}")
 
 
+class RedisCluster:
+    """A local Redis Cluster: 3 primaries and 3 replicas (`RedisServer`s with
+    `--cluster-enabled yes` and a 1 s node timeout), formed with `redis-cli --cluster create`."""
+
+    def __init__(self) -> None:
+        self.nodes = [
+            RedisServer(
+                *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+                *("--cluster-node-timeout", "1000", "--cluster-port", str(free_port())),
+            )
+            for _ in range(6)
+        ]
+
+    @property
+    def url(self) -> str:
+        """One seed node is enough: the tier asks it for the rest."""
+        return f"redis://127.0.0.1:{self.nodes[0].port}"
+
+    def start(self) -> RedisCluster:
+        for n in self.nodes:
+            n.start()
+        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        cli = shutil.which("redis-cli") or "redis-cli"
+        subprocess.run(
+            [cli, "--cluster", "create", *addrs, "--cluster-replicas", "1", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        while not all(
+            b"cluster_state:ok" in bytes(n.command("CLUSTER", "INFO")) for n in self.nodes
+        ):  # type: ignore[arg-type]
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster never reached cluster_state:ok")
+            time.sleep(0.1)
+        return self
+
+    def primaries(self) -> list[RedisServer]:
+        return [n for n in self.nodes if bytes(n.command("ROLE")[0]) == b"master"]  # type: ignore[index]
+
+    def keys(self) -> list[bytes]:
+        return sorted(k for n in self.primaries() for k in n.keys())
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+            shutil.rmtree(n.dir, ignore_errors=True)
+
+
+@contextmanager
+def redis_cluster() -> Iterator[RedisCluster]:
+    cluster = RedisCluster()
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
 @contextmanager
 def redis_server(
     *args: str, password: str | None = None, tls: bool = False, tls_auth_clients: bool = False

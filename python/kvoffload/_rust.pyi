@@ -196,6 +196,7 @@ class RemoteTier:
         tls_key_file: str | os.PathLike[str] | None = None,
         tls_server_name: str | None = None,
         lookup_namespaces: list[bytes] | None = None,
+        cluster: bool | None = None,
     ) -> RemoteTier: ...
     @property
     def startup_error(self) -> str | None: ...

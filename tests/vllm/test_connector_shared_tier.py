@@ -73,6 +73,19 @@ def test_engines_share_a_tls_server(model_dir, redis_tls, is_async):
     assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (5, 0)
 
 
+def test_engines_share_a_cluster(model_dir, cluster, is_async):
+    one = engine(model_dir, cluster.url, is_async)
+    assert serve(one, "a", PROMPT) == 0
+    assert len(chunk_keys(cluster)) == 5
+    # (That keys spread over the primaries is checked with 48 chunks in test_cluster.py: 5
+    # land on one primary alone about once in 80 runs.)
+    two = engine(model_dir, cluster.url, is_async)
+    assert serve(two, "b", PROMPT) == 60
+    assert two.checked_positions["b"] >= 60
+    s = stats(two)
+    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (5, 0)
+
+
 def test_plaintext_against_a_tls_port_stops_start_up(model_dir, redis_tls):
     plain_to_tls = f"redis://127.0.0.1:{redis_tls.tls_port}/0"
     with pytest.raises(ConfigError, match=r"is it a TLS port\?"):

@@ -93,6 +93,19 @@ def test_engines_share_a_tls_server(model_dir, redis_tls, is_async):
     assert redis_tier(two).stats()["loaded_chunks"] == 5
 
 
+def test_engines_share_a_cluster(model_dir, cluster, is_async):
+    one = engine(model_dir, cluster.url, is_async)
+    assert serve(one, "a", PROMPT) == 0
+    settle(one)
+    assert len(chunk_keys(cluster)) == 5
+    # (That keys spread over the primaries is checked with 48 chunks in test_cluster.py: 5
+    # land on one primary alone about once in 80 runs.)
+    two = engine(model_dir, cluster.url, is_async)
+    assert serve(two, "b", PROMPT) == 60
+    assert two.checked_positions["b"] >= 60
+    assert redis_tier(two).stats()["loaded_chunks"] == 5
+
+
 def test_a_tls_certificate_that_does_not_verify_stops_start_up(model_dir, redis_tls):
     with pytest.raises(ConfigError, match="not signed by a CA of tls_ca_file"):
         engine(model_dir, redis_tls.tls_url, tls_ca_file=redis_tls.cert("other-ca.crt"))

@@ -43,6 +43,18 @@ def _optional_text(entry: Mapping[str, Any], key: str, what: str) -> str | None:
     return v
 
 
+def _cluster(entry: Mapping[str, Any]) -> bool | None:
+    v = entry.get("cluster", "auto")
+    if v == "auto" and isinstance(v, str):
+        return None
+    if type(v) is not bool:
+        raise ConfigError(
+            f'secondary tier cluster={v!r} ({type(v).__name__}) is invalid: expected "auto" '
+            "(the first seed node that answers tells), true or false"
+        )
+    return v
+
+
 def _flag(entry: Mapping[str, Any], key: str, default: bool) -> bool:
     v = entry.get(key, default)
     if type(v) is not bool:
@@ -72,6 +84,8 @@ class RemoteTierConfig:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_server_name: str | None = None
+    cluster: bool | None = None
+    """True / False, or None ("auto"): the first seed node that answers tells."""
 
     @classmethod
     def from_dict(cls, entry: Mapping[str, Any]) -> RemoteTierConfig:
@@ -91,7 +105,8 @@ class RemoteTierConfig:
         if not isinstance(url, str) or not url:
             raise ConfigError(
                 f"secondary tier url={_masked(url)!r} is invalid: it is required, e.g. "
-                "'redis://[user:password@]host:port[/db]', 'rediss://...' (TLS) or "
+                "'redis://[user:password@]host:port[/db]', 'rediss://...' (TLS), "
+                "'redis://host1:port1,host2:port2' (a cluster's seed nodes) or "
                 "'unix:///path/to.sock[?db=N]'"
             )
         namespace = entry.get("namespace")
@@ -125,6 +140,7 @@ class RemoteTierConfig:
             tls_server_name=_optional_text(
                 entry, "tls_server_name", "the DNS name or IP address of the certificate"
             ),
+            cluster=_cluster(entry),
         )
 
     def client_options(self) -> dict[str, Any]:
@@ -143,6 +159,7 @@ class RemoteTierConfig:
             "tls_cert_file": self.tls_cert_file,
             "tls_key_file": self.tls_key_file,
             "tls_server_name": self.tls_server_name,
+            "cluster": self.cluster,
         }
 
     @property

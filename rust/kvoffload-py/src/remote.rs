@@ -200,7 +200,7 @@ impl RemoteTier {
         min_bandwidth_mb_s = 100.0, connections = 2, breaker_failures = 3,
         breaker_cooldown_s = 2.0, ttl_s = None, max_store_bytes_in_flight = 1_073_741_824,
         touch_on_hit = true, tls_ca_file = None, tls_cert_file = None, tls_key_file = None,
-        tls_server_name = None, lookup_namespaces = None,
+        tls_server_name = None, lookup_namespaces = None, cluster = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -222,6 +222,7 @@ impl RemoteTier {
         tls_key_file: Option<PathBuf>,
         tls_server_name: Option<String>,
         lookup_namespaces: Option<Vec<Vec<u8>>>,
+        cluster: Option<bool>,
     ) -> PyResult<Self> {
         use remote::config::{MIN_BANDWIDTH_RANGE, TIMEOUT_MAX, TIMEOUT_MIN, TTL_MAX};
         let digest = |name: &str, bytes: &[u8]| -> PyResult<[u8; 16]> {
@@ -269,6 +270,7 @@ impl RemoteTier {
             .transpose()?;
         cfg.max_store_bytes_in_flight = max_store_bytes_in_flight;
         cfg.touch_on_hit = touch_on_hit;
+        cfg.cluster = cluster;
         cfg.tls = TlsConfig {
             ca_file: tls_ca_file,
             cert_file: tls_cert_file,
