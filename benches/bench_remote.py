@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from bench_gil import spin_worst_pause
 from kvoffload.remote import OK, RemoteClient, RemoteLookups, RemoteTierConfig
-from redis_server import redis_server
+from redis_server import redis_cluster, redis_server
 
 MiB = 1 << 20
 CHUNK = 2 * MiB
@@ -96,6 +96,7 @@ def redis_py(port: int, pool: np.ndarray, rounds: int) -> tuple[float, float]:
 
 
 def redis_benchmark(port: int, n: int, tls: tuple[str, ...] = ()) -> tuple[float, float]:
+    """`-c 1`: one connection (per node with `--cluster`), as ours has per worker."""
     out = subprocess.run(
         [
             "redis-benchmark",
@@ -364,3 +365,39 @@ def test_remote_tls_cost(benchmark):
     for name in ("plain", "tls"):
         p50, p99 = res[name + "-lat"]
         print(f"{name}: load of 1 chunk p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")
+
+
+def test_remote_cluster(benchmark):
+    """A local cluster of 3 primaries (and 3 replicas), in the same run: ours against
+    `redis-benchmark --cluster` (same value size and pipeline depth), and a 1,000-key lookup
+    spread over the 3 primaries against the same lookup on one plain server."""
+    full = not benchmark.disabled
+    n, rounds = (64, 5) if full else (4, 1)
+    pool = np.random.default_rng(3).integers(0, 256, (n, CHUNK), dtype=np.uint8)
+    reps = 20 if full else 2
+    with redis_cluster() as cluster, redis_server() as single:
+
+        def run() -> dict:
+            res = {"ours": ours(cluster.url, pool, rounds)}
+            for p in cluster.primaries():
+                p.command("FLUSHALL")
+            res["rb"] = redis_benchmark(cluster.nodes[0].port, n * rounds, ("--cluster",))
+            res["lookup-cluster"] = lookup_and_submit(cluster.url, 1000, reps)[0]
+            res["lookup-single"] = lookup_and_submit(single.url, 1000, reps)[0]
+            return res
+
+        res = benchmark.pedantic(run, rounds=1)
+    if not full:
+        return
+    (os_, ol), (bs, bl) = res["ours"], res["rb"]
+    print(f"\nRedis Cluster, 3 primaries, 2 MiB values, {n} per job, {rounds} rounds")
+    print("| client | store GB/s | load GB/s |")
+    print("|---|---|---|")
+    print(f"| kvoffload RemoteClient | {os_:.2f} | {ol:.2f} |")
+    print(f"| redis-benchmark --cluster -P 16 -c 1 | {bs:.2f} | {bl:.2f} |")
+    print(f"ours / redis-benchmark: store {os_ / bs:.2f}x, load {ol / bl:.2f}x")
+    lc, ls = res["lookup-cluster"], res["lookup-single"]
+    print(
+        f"1,000-key lookup: {lc * 1e3:.2f} ms over 3 primaries, {ls * 1e3:.2f} ms on one "
+        f"server ({lc / ls:.2f}x)"
+    )

@@ -93,6 +93,19 @@ fn keyed_command(
     cmd: &'static [u8],
     n: usize,
     keys_per_chunk: usize,
+    keys_of: impl FnMut(usize, &mut Vec<u8>, &mut dyn FnMut(&[u8])),
+) -> Result<usize> {
+    let sent = send_keyed(conn, ctx, cmd, n, keys_per_chunk, keys_of)?;
+    read_refusals(conn, ctx, cmd, sent)
+}
+
+/// The sending half of [`keyed_command`]: how many commands went out.
+fn send_keyed(
+    conn: &mut Conn,
+    ctx: &Ctx<'_>,
+    cmd: &'static [u8],
+    n: usize,
+    keys_per_chunk: usize,
     mut keys_of: impl FnMut(usize, &mut Vec<u8>, &mut dyn FnMut(&[u8])),
 ) -> Result<usize> {
     let mut p = Pipeline::new();
@@ -108,6 +121,16 @@ fn keyed_command(
         }
     }
     conn.send(&p)?;
+    Ok(commands)
+}
+
+/// The replies of `commands` integer commands: how many the server refused.
+fn read_refusals(
+    conn: &mut Conn,
+    ctx: &Ctx<'_>,
+    cmd: &'static [u8],
+    commands: usize,
+) -> Result<usize> {
     let mut refused = 0;
     for _ in 0..commands {
         if let Err(m) = read_int(conn, std::str::from_utf8(cmd).unwrap_or("command"))? {
@@ -132,6 +155,14 @@ pub(crate) fn lookup(
     keys: &[Vec<u8>],
     st: &mut [u8],
 ) -> Result<()> {
+    lookup_send(conn, ctx, keys)?;
+    let touches = lookup_read(conn, ctx, keys, st)?;
+    lookup_finish(conn, ctx, touches)
+}
+
+/// A lookup in three halves, so that a cluster's nodes can all be asked before any answer is
+/// read: the `EXISTS` commands out; ...
+pub(crate) fn lookup_send(conn: &mut Conn, ctx: &Ctx<'_>, keys: &[Vec<u8>]) -> Result<()> {
     // One EXISTS per chunk over every part of every shard: a chunk counts only whole, so a
     // shard evicted on one rank is a miss here, not a promotion that fails.
     let parts = ctx.lookup_ns.len() * ctx.parts().len();
@@ -144,6 +175,17 @@ pub(crate) fn lookup(
         });
     }
     conn.send(&p)?;
+    Ok(())
+}
+
+/// ... their answers in, and `TOUCH` of the hits out (how many `TOUCH` commands); ...
+pub(crate) fn lookup_read(
+    conn: &mut Conn,
+    ctx: &Ctx<'_>,
+    keys: &[Vec<u8>],
+    st: &mut [u8],
+) -> Result<usize> {
+    let parts = ctx.lookup_ns.len() * ctx.parts().len();
     let mut hits = Vec::new();
     for (i, key) in keys.iter().enumerate() {
         st[i] = match read_int(conn, "EXISTS")? {
@@ -165,14 +207,19 @@ pub(crate) fn lookup(
     }
     Counters::add(&ctx.stats.lookup_keys, keys.len() as u64);
     Counters::add(&ctx.stats.lookup_hits, hits.len() as u64);
-    if ctx.touch_on_hit && !hits.is_empty() {
-        // EXISTS leaves the LRU clock alone; without this a hot prefix is evicted like a cold one.
-        // Every shard's keys: touching one rank's alone leaves the others to age out first.
-        keyed_command(conn, ctx, b"TOUCH", hits.len(), parts, |i, k, push| {
-            ctx.each_shard_key(k, hits[i], |key| push(key));
-        })?;
+    if !ctx.touch_on_hit || hits.is_empty() {
+        return Ok(0);
     }
-    Ok(())
+    // EXISTS leaves the LRU clock alone; without this a hot prefix is evicted like a cold one.
+    // Every shard's keys: touching one rank's alone leaves the others to age out first.
+    send_keyed(conn, ctx, b"TOUCH", hits.len(), parts, |i, k, push| {
+        ctx.each_shard_key(k, hits[i], |key| push(key));
+    })
+}
+
+/// ... and the `TOUCH` answers in.
+pub(crate) fn lookup_finish(conn: &mut Conn, ctx: &Ctx<'_>, touches: usize) -> Result<()> {
+    read_refusals(conn, ctx, b"TOUCH", touches).map(|_| ())
 }
 
 fn set_ok(conn: &mut Conn) -> Result<std::result::Result<bool, String>> {

@@ -124,14 +124,85 @@ impl NodeConns {
                 st[g.orig[range.start + k]] = s;
             }
             if let Err(e) = res {
-                if e.breaks_connection() || !matches!(e, RemoteError::Server(_)) {
-                    self.conns.remove(node);
-                }
-                out.refresh = true;
-                out.err = Some(e);
+                self.failed(node, e, &mut out);
             }
         }
         *items = ungroup(g);
+        out
+    }
+
+    /// A node's connection failed: dropped, and the map is asked for again.
+    fn failed(&mut self, node: &Node, e: RemoteError, out: &mut Round) {
+        if e.breaks_connection() || !matches!(e, RemoteError::Server(_)) {
+            self.conns.remove(node);
+        }
+        out.refresh = true;
+        out.err = Some(e);
+    }
+
+    /// [`NodeConns::round`] for lookups, pipelined to every node at once: all nodes are asked
+    /// before any answer is read, so a lookup over three nodes costs about one round trip.
+    fn lookup_round(
+        &mut self,
+        sh: &Shared,
+        ctx: &Ctx<'_>,
+        map: &SlotMap,
+        keys: &mut Vec<Vec<u8>>,
+        st: &mut [u8],
+        deadline: Instant,
+    ) -> Round {
+        let mut out = Round::default();
+        let g = group(std::mem::take(keys), |i, k| {
+            if st[i] != PENDING {
+                SKIP
+            } else {
+                map.owner_of_slot(format::chunk_slot(k)).unwrap_or(UNROUTED)
+            }
+        });
+        out.unrouted = g.runs.iter().any(|(o, _)| *o == UNROUTED);
+        out.refresh = out.unrouted;
+        let runs: Vec<(&Node, Range<usize>)> = g
+            .runs
+            .iter()
+            .filter(|(o, _)| *o < UNROUTED)
+            .map(|(o, r)| (&map.nodes[*o], r.clone()))
+            .collect();
+        let mut sub_st: Vec<Vec<u8>> = runs.iter().map(|(_, r)| vec![PENDING; r.len()]).collect();
+        let mut touches: Vec<Option<usize>> = vec![Some(0); runs.len()];
+        for (j, (node, range)) in runs.iter().enumerate() {
+            let sent = self
+                .conn(sh, node, deadline)
+                .and_then(|c| jobs::lookup_send(c, ctx, &g.items[range.clone()]));
+            if let Err(e) = sent {
+                touches[j] = None;
+                self.failed(node, e, &mut out);
+            }
+        }
+        for phase in 0..2 {
+            for (j, (node, range)) in runs.iter().enumerate() {
+                let (Some(t), Some(c)) = (touches[j], self.conns.get_mut(*node)) else {
+                    continue;
+                };
+                let res = if phase == 0 {
+                    jobs::lookup_read(c, ctx, &g.items[range.clone()], &mut sub_st[j])
+                } else {
+                    jobs::lookup_finish(c, ctx, t).map(|()| 0)
+                };
+                match res {
+                    Ok(t) => touches[j] = Some(t),
+                    Err(e) => {
+                        touches[j] = None;
+                        self.failed(node, e, &mut out);
+                    }
+                }
+            }
+        }
+        for ((_, range), sub) in runs.iter().zip(&sub_st) {
+            for (k, &s) in sub.iter().enumerate() {
+                st[g.orig[range.start + k]] = s;
+            }
+        }
+        *keys = ungroup(g);
         out
     }
 
@@ -158,16 +229,7 @@ impl NodeConns {
             let map = cl.map();
             let ctx = sh.ctx();
             last = match &mut job.work {
-                Work::Lookup(keys) => self.round(
-                    sh,
-                    &ctx,
-                    &map,
-                    keys,
-                    |k| k,
-                    st,
-                    deadline,
-                    |c, x, it, s| jobs::lookup(c, x, it, s),
-                ),
+                Work::Lookup(keys) => self.lookup_round(sh, &ctx, &map, keys, st, deadline),
                 Work::Store(items) => self.round(
                     sh,
                     &ctx,
@@ -178,16 +240,9 @@ impl NodeConns {
                     deadline,
                     |c, x, it, s| jobs::store(c, x, it, s),
                 ),
-                Work::Load(items) => self.round(
-                    sh,
-                    &ctx,
-                    &map,
-                    items,
-                    |it| &it.0,
-                    st,
-                    deadline,
-                    jobs::load,
-                ),
+                Work::Load(items) => {
+                    self.round(sh, &ctx, &map, items, |it| &it.0, st, deadline, jobs::load)
+                }
             };
             let moves = ctx.moved.take();
             if !moves.is_empty() {
