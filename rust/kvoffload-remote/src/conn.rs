@@ -9,8 +9,9 @@ use crate::tls::TlsClient;
 use crate::url::{Endpoint, ServerUrl};
 use rustls::{ClientConnection, StreamOwned};
 use std::io::{self, BufReader, IoSlice, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Large enough for every small reply of a pipeline in one read; bulk bodies bypass it.
@@ -126,9 +127,7 @@ fn open(endpoint: &Endpoint, deadline: Instant) -> Result<TcpOrUnix> {
     };
     match endpoint {
         Endpoint::Tcp { host, port } => {
-            let addrs = (host.as_str(), *port)
-                .to_socket_addrs()
-                .map_err(|e| RemoteError::Io(format!("resolving {host}:{port}: {e}")))?;
+            let addrs = resolve(host, *port, left()?)?;
             let mut last = RemoteError::Io(format!("{host}:{port} resolves to no address"));
             for addr in addrs {
                 match TcpStream::connect_timeout(&addr, left()?) {
@@ -149,6 +148,32 @@ fn open(endpoint: &Endpoint, deadline: Instant) -> Result<TcpOrUnix> {
                 .map(TcpOrUnix::Unix)
                 .map_err(|e| RemoteError::from_io(e, &format!("connecting to {}", path.display())))
         }
+    }
+}
+
+/// `host`'s addresses within `within`: getaddrinfo has no timeout of its own, so a name is
+/// resolved on a thread of its own and given up on (the thread left to finish) when slow.
+fn resolve(host: &str, port: u16, within: Duration) -> Result<Vec<SocketAddr>> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let (tx, rx) = mpsc::channel();
+    let name = host.to_string();
+    std::thread::Builder::new()
+        .name("kvo-resolve".into())
+        .spawn(move || {
+            let got = (name.as_str(), port)
+                .to_socket_addrs()
+                .map(|a| a.collect::<Vec<_>>());
+            let _ = tx.send(got);
+        })
+        .map_err(|e| RemoteError::Io(format!("resolving {host}: starting a thread: {e}")))?;
+    match rx.recv_timeout(within) {
+        Ok(Ok(addrs)) => Ok(addrs),
+        Ok(Err(e)) => Err(RemoteError::Io(format!("resolving {host}:{port}: {e}"))),
+        Err(_) => Err(RemoteError::Timeout(format!(
+            "resolving {host}: no answer within the connect timeout ({within:?})"
+        ))),
     }
 }
 

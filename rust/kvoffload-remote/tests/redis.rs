@@ -458,3 +458,19 @@ fn submit_store_result(t: &Tier) -> Result<u64, RemoteError> {
         kvoffload_remote::RawBuf::new(d.as_ptr(), d.len())
     })])
 }
+
+#[test]
+fn a_name_that_does_not_resolve_starts_the_tier_down_within_the_connect_timeout() {
+    // `.invalid` never resolves (RFC 2606); without DNS the lookup may fail or hang instead.
+    let mut cfg = config("redis://kvoffload-test.invalid:6379", 4096);
+    cfg.connect_timeout = Duration::from_millis(500);
+    let start = Instant::now();
+    let t = Tier::connect(cfg, NS).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        start.elapsed()
+    );
+    let why = t.startup_error().expect("started down");
+    assert!(why.contains("resolving kvoffload-test.invalid"), "{why}");
+}
