@@ -381,7 +381,8 @@ def test_remote_cluster(benchmark):
             res = {"ours": ours(cluster.url, pool, rounds)}
             for p in cluster.primaries():
                 p.command("FLUSHALL")
-            res["rb"] = redis_benchmark(cluster.nodes[0].port, n * rounds, ("--cluster",))
+            # Fewer requests than its clients' pipelines (3 nodes x 16) make it abort.
+            res["rb"] = redis_benchmark(cluster.nodes[0].port, max(n * rounds, 64), ("--cluster",))
             res["lookup-cluster"] = lookup_and_submit(cluster.url, 1000, reps)[0]
             res["lookup-single"] = lookup_and_submit(single.url, 1000, reps)[0]
             return res

@@ -26,6 +26,7 @@ __all__ = [
     "_colliding_keys",
     "are_block_ids",
     "block_tables",
+    "cluster_node_counts",
     "extend_group_keys",
     "group_offer",
     "group_ranges",
@@ -243,6 +244,7 @@ class RemoteLookups:
     def __len__(self) -> int: ...
 
 def mask_remote_url(url: str) -> str: ...
+def cluster_node_counts(keys: _Keys, nodes: int) -> list[int]: ...
 def storable_chunks(
     computed_tokens: int,
     num_tokens: int,

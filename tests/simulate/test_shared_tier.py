@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from sim_helpers import TINY, ids_line, write_trace
 
+from kvoffload import _rust
 from kvoffload.simulate.shared_tier import SharedTierConfig, SimulatedSharedTier
 from kvoffload.store import KeyList
 
@@ -76,6 +77,47 @@ def test_compare_shared_tier_puts_the_fleet_without_it_first(tmp_path, run_cli):
     assert without["recomputed_tokens"] == 64 + 96
     assert without["ttft_mean_s"] == pytest.approx((0.009 + 0.013) / 2)
     assert with_tier["ttft_mean_s"] == pytest.approx((0.009 + 0.009) / 2)
+
+
+def test_a_server_link_shared_by_the_fleet_delays_the_promotion(tmp_path, run_cli):
+    trace = write_trace(tmp_path / "t.jsonl", TWO)
+    # The server's own link at half the instance link's speed: B's 4 chunks (64 KiB) take
+    # 2 ms + 2 ms there, against 1 ms + 2 ms on B's link; TTFT 4 + 1 + 5 = 10 ms (9 ms above).
+    slow = ["--remote-node-gbps", "0.032768"]
+    code, out, err = run_cli("--trace", trace, *BLOCK, *ENGINE, *REMOTE, *slow)
+    assert code == 0, err
+    _, b = out["runs"][0]["per_instance"]
+    assert b["remote_hit_tokens"] == 64
+    assert b["ttft_mean_s"] == pytest.approx(0.010)
+    assert (out["engine"]["remote_nodes"], out["engine"]["remote_node_gbps"]) == (1, 0.032768)
+    # Four nodes of the same size and link: four times the chunks, B's chunks spread over
+    # their links (a node with all 4 of them is no slower than the one server).
+    code, out, err = run_cli(
+        "--trace", trace, *BLOCK, *ENGINE, *REMOTE, *slow, "--remote-nodes", "4"
+    )
+    assert code == 0, err
+    _, b = out["runs"][0]["per_instance"]
+    assert out["engine"]["remote_chunks"] == 4 * 64
+    assert b["remote_hit_tokens"] == 64
+    assert 0.009 <= b["ttft_mean_s"] <= 0.010
+
+
+def test_node_links_take_each_node_its_own_chunks():
+    keys = KeyList([bytes([i]) * 32 for i in range(40)])
+    tier = SimulatedSharedTier(SharedTierConfig(100, latency_ms=1.0, nodes=3, node_gbps=1.0))
+    counts = _rust.cluster_node_counts(keys, 3)
+    assert sum(counts) == 40 and min(counts) > 0, counts
+    # Each node moves its chunks of 1 MB at 1 MB/ms after 1 ms; the batch ends with the busiest.
+    done = tier.node_transfer("read", keys, 1_000_000, now=5.0)
+    assert done == pytest.approx(5.0 + (1.0 + max(counts)) / 1e3)
+    assert tier.node_bytes["read"] == [c * 1_000_000 for c in counts]
+    # A second batch queues behind the first on the same nodes.
+    again = tier.node_transfer("read", keys, 1_000_000, now=5.0)
+    assert again == pytest.approx(done + (1.0 + max(counts)) / 1e3)
+    # Not modelled: no wait, bytes still counted.
+    free = SimulatedSharedTier(SharedTierConfig(100, nodes=3))
+    assert free.node_transfer("write", keys, 10, now=2.0) == 2.0
+    assert sum(free.node_bytes["write"]) == 400
 
 
 def _without_wall_clock(result: dict) -> dict:
@@ -162,6 +204,12 @@ def test_eviction_takes_the_least_recently_used_of_five_sampled_keys():
         ),
         (["--remote-gbps", "10"], "--remote-gbps needs --remote-gib"),
         (["--remote-latency-ms", "1"], "--remote-latency-ms needs --remote-gib"),
+        (["--remote-nodes", "3"], "--remote-nodes needs --remote-gib"),
+        (["--remote-node-gbps", "12.5"], "--remote-node-gbps needs --remote-gib"),
+        (
+            ["--remote-gib", "1", "--remote-nodes", "0"],
+            "--remote-nodes: expected an int in 1..1,000",
+        ),
         (["--compare", "shared_tier"], "--compare shared_tier needs --remote-gib"),
         (
             ["--remote-gib", "1", "--verify-data"],

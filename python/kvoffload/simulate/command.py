@@ -214,11 +214,14 @@ def run(args: argparse.Namespace) -> int:
     remote = None
     if args.remote_gib is not None:
         d = SharedTierConfig(1)
+        nodes = args.remote_nodes or 1
         remote = SharedTierConfig(
-            _check_slots("--remote-gib", args.remote_gib, bytes_per_chunk),
+            _check_slots("--remote-gib", args.remote_gib, bytes_per_chunk) * nodes,
             gbps=d.gbps if args.remote_gbps is None else args.remote_gbps,
             latency_ms=d.latency_ms if args.remote_latency_ms is None else args.remote_latency_ms,
             seed=args.seed,
+            nodes=nodes,
+            node_gbps=args.remote_node_gbps,
         )
     if args.verify_data:
         pool = max(slots.values()) * args.blocks_per_chunk * PAGE_BYTES
@@ -261,6 +264,8 @@ def run(args: argparse.Namespace) -> int:
             "remote_gbps": remote.gbps,
             "remote_latency_ms": remote.latency_ms,
         }
+        if remote.nodes > 1 or remote.node_gbps is not None:
+            engine_info |= {"remote_nodes": remote.nodes, "remote_node_gbps": remote.node_gbps}
     bar = _progress(len(requests) * len(runs.cells()), args)
     try:
         grid = [

@@ -250,9 +250,26 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     fl.add_argument("--router", choices=ROUTERS, help="places each request (default: round-robin)")
     fl.add_argument("--per-instance", action="store_true", help="also a table per instance")
 
-    rt = s.add_argument_group("shared tier (a Redis/Valkey server behind every instance)")
+    rt = s.add_argument_group(
+        "shared tier (a Redis/Valkey server, or a cluster, behind every instance)"
+    )
     dr = SharedTierConfig(1)
-    rt.add_argument("--remote-gib", type=_positive, metavar="GIB", help="its size (default: none)")
+    rt.add_argument(
+        "--remote-gib", type=_positive, metavar="GIB", help="its size per node (default: none)"
+    )
+    rt.add_argument(
+        "--remote-nodes",
+        type=int_in(1, 1000),
+        metavar="N",
+        help="primaries of a Redis Cluster the chunks spread over, by slot (default: 1)",
+    )
+    rt.add_argument(
+        "--remote-node-gbps",
+        type=_float_in(0.01, 10_000),
+        metavar="N",
+        help="GB/s of each node's own link, per direction, shared by every instance "
+        "(default: not modelled; 12.5 is a 100 Gb NIC)",
+    )
     rt.add_argument(
         "--remote-gbps",
         type=_float_in(0.01, 10_000),

@@ -330,7 +330,7 @@ class Instance:
         if plan is None or not plan.keys:  # no room now: it loads what the CPU tier has
             return False
         assert isinstance(plan.keys, KeyList)
-        lands = self.remote.read(len(plan.keys), self.now)
+        lands = self.remote.read(plan.keys, self.now)
         heapq.heappush(self.promotions, (lands, self.promotion_seq, plan.keys))
         self.promotion_seq += 1
         run.promoted.update(start + int(i) for i in plan.indices)

@@ -308,8 +308,16 @@ def header(
 def _remote_line(engine: Mapping[str, Any]) -> str:
     if "remote_gib" not in engine:
         return ""
+    nodes, node_gbps = engine.get("remote_nodes", 1), engine.get("remote_node_gbps")
+    size = f"{engine['remote_gib']:g} GiB"
+    if nodes > 1:
+        size = f"{nodes} nodes of {size}"
+    node_links = (
+        "" if node_gbps is None else f"; each node's own link {node_gbps:g} GB/s, shared by all"
+    )
     return (
-        f"\nshared tier {engine['remote_gib']:g} GiB ({engine['remote_chunks']:,} chunks, "
+        f"\nshared tier {size} ({engine['remote_chunks']:,} chunks, "
         f"sampled LRU of 5 as Redis allkeys-lru) behind every instance, each linked at "
         f"{engine['remote_gbps']:g} GB/s + {engine['remote_latency_ms']:g} ms per batch"
+        + node_links
     )

@@ -164,7 +164,7 @@ def _check_combinations(args: argparse.Namespace) -> None:
             )
         _check_plot(args.plot)
     if args.remote_gib is None:
-        for name in ("remote_gbps", "remote_latency_ms"):
+        for name in ("remote_gbps", "remote_latency_ms", "remote_nodes", "remote_node_gbps"):
             if getattr(args, name) is not None:
                 raise UsageError(f"--{name.replace('_', '-')} needs --remote-gib")
     elif args.verify_data:

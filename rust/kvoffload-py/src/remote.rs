@@ -63,6 +63,24 @@ pub struct RemoteTier {
     owners: Mutex<HashMap<u64, Py<PyAny>>>,
 }
 
+/// Chunks per node of a cluster of `nodes` primaries (the simulator's shared tier).
+#[pyfunction]
+fn cluster_node_counts(
+    py: Python<'_>,
+    keys: &Bound<'_, PyAny>,
+    nodes: usize,
+) -> PyResult<Vec<u64>> {
+    if !(1..=MAX_NODES).contains(&nodes) {
+        return Err(PyValueError::new_err(format!(
+            "nodes={nodes} is out of range; allowed: 1 to {MAX_NODES}"
+        )));
+    }
+    KeyArg::extract(keys)?.run(py, |k| Ok(remote::cluster::node_counts(k, nodes)))
+}
+
+/// Redis Cluster's own limit on primaries is about 1000.
+const MAX_NODES: usize = 1000;
+
 /// The URL with its password hidden, as the tier's own messages show it.
 #[pyfunction]
 fn mask_remote_url(url: &str) -> String {
@@ -508,6 +526,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RemoteTier>()?;
     m.add_class::<RemoteLookups>()?;
     m.add_function(wrap_pyfunction!(mask_remote_url, m)?)?;
+    m.add_function(wrap_pyfunction!(cluster_node_counts, m)?)?;
     m.add("RemoteError", py.get_type::<RemoteError>())?;
     for (name, v) in [
         ("REMOTE_OK", remote::status::OK),

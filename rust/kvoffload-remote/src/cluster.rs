@@ -128,6 +128,18 @@ impl SlotMap {
     }
 }
 
+/// How many of the chunks `keys` each of `nodes` primaries serves, the slots split among them in
+/// equal contiguous ranges (as `redis-cli --cluster create` splits them): for the simulator.
+pub fn node_counts(keys: &[&[u8]], nodes: usize) -> Vec<u64> {
+    let nodes = nodes.max(1);
+    let mut counts = vec![0u64; nodes];
+    for key in keys {
+        let slot = usize::from(crate::format::chunk_slot(key));
+        counts[slot * nodes / SLOTS] += 1;
+    }
+    counts
+}
+
 /// `MOVED <slot> <host>:<port>`: the slot and its owner now.
 pub fn parse_moved(msg: &str) -> Option<(u16, Node)> {
     let mut words = msg.strip_prefix("MOVED ")?.split(' ');
@@ -273,6 +285,23 @@ mod tests {
         assert_ne!(slot(&k), slots[0]);
         assert!(k.starts_with(b"kvo2:{"), "{k:?}");
         assert_eq!(k[22], b'}');
+    }
+
+    #[test]
+    fn node_counts_split_the_slots_evenly() {
+        let keys: Vec<Vec<u8>> = (0..30_000u32).map(|i| i.to_le_bytes().to_vec()).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        assert_eq!(node_counts(&refs, 1), vec![30_000]);
+        let three = node_counts(&refs, 3);
+        assert_eq!(three.iter().sum::<u64>(), 30_000);
+        assert!(
+            three.iter().all(|&c| (9_500..10_500).contains(&c)),
+            "{three:?}"
+        );
+        // The node of a key is the owner of its chunk's slot.
+        let one: &[u8] = b"chunk";
+        let want = usize::from(crate::format::chunk_slot(one)) * 4 / SLOTS;
+        assert_eq!(node_counts(&[one], 4)[want], 1);
     }
 
     #[test]
