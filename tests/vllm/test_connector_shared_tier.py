@@ -88,7 +88,7 @@ def test_engines_share_a_cluster(model_dir, cluster, is_async):
 
 def test_plaintext_against_a_tls_port_stops_start_up(model_dir, redis_tls):
     plain_to_tls = f"redis://127.0.0.1:{redis_tls.tls_port}/0"
-    with pytest.raises(ConfigError, match=r"is it a TLS port\?"):
+    with pytest.raises(ConfigError, match=r"it is a TLS port \(use rediss://"):
         engine(model_dir, plain_to_tls)
 
 

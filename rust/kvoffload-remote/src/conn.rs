@@ -1,7 +1,7 @@
 //! One server connection. Every read and write is bounded by the current job's deadline: the
-//! socket timeout is set to the time left before each system call, so a stalled or dribbling
-//! server cannot stretch a job past it. (Over TLS one of our calls may make several system calls
-//! inside rustls, each bounded by the time left when ours began.)
+//! socket timeout is set to the time left before each system call (also each of the several
+//! that rustls makes for one of ours), so a stalled or dribbling server cannot stretch a job
+//! past it.
 
 use crate::error::{RemoteError, Result};
 use crate::resp::{self, Head, Pipeline};
@@ -26,7 +26,44 @@ pub struct Target {
 enum Socket {
     Tcp(TcpStream),
     Unix(UnixStream),
-    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+    Tls(Box<StreamOwned<ClientConnection, Armed>>),
+}
+
+/// The time left before `deadline`, as a socket timeout (never zero: that means "forever").
+fn left(deadline: Instant) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "job deadline passed",
+        ));
+    }
+    Ok(left.max(Duration::from_millis(1)))
+}
+
+/// The TCP socket under rustls, arming its own timeout from `deadline` before every system
+/// call.
+pub(crate) struct Armed {
+    pub(crate) tcp: TcpStream,
+    pub(crate) deadline: Instant,
+}
+
+impl Read for Armed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.tcp.set_read_timeout(Some(left(self.deadline)?))?;
+        self.tcp.read(buf)
+    }
+}
+
+impl Write for Armed {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.tcp.set_write_timeout(Some(left(self.deadline)?))?;
+        self.tcp.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 pub struct Stream {
@@ -35,33 +72,27 @@ pub struct Stream {
 }
 
 impl Stream {
-    fn remaining(&self) -> io::Result<Duration> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "job deadline passed",
-            ));
-        }
-        // A zero timeout means "block forever" to the kernel; never pass one.
-        Ok(left.max(Duration::from_millis(1)))
-    }
-
-    fn arm_read(&self) -> io::Result<()> {
-        let t = Some(self.remaining()?);
-        match &self.socket {
+    fn arm_read(&mut self) -> io::Result<()> {
+        let t = Some(left(self.deadline)?);
+        match &mut self.socket {
             Socket::Tcp(s) => s.set_read_timeout(t),
             Socket::Unix(s) => s.set_read_timeout(t),
-            Socket::Tls(s) => s.sock.set_read_timeout(t),
+            Socket::Tls(s) => {
+                s.sock.deadline = self.deadline;
+                Ok(())
+            }
         }
     }
 
-    fn arm_write(&self) -> io::Result<()> {
-        let t = Some(self.remaining()?);
-        match &self.socket {
+    fn arm_write(&mut self) -> io::Result<()> {
+        let t = Some(left(self.deadline)?);
+        match &mut self.socket {
             Socket::Tcp(s) => s.set_write_timeout(t),
             Socket::Unix(s) => s.set_write_timeout(t),
-            Socket::Tls(s) => s.sock.set_write_timeout(t),
+            Socket::Tls(s) => {
+                s.sock.deadline = self.deadline;
+                Ok(())
+            }
         }
     }
 }
@@ -114,7 +145,7 @@ pub struct Conn {
     line: Vec<u8>,
 }
 
-fn open(endpoint: &Endpoint, deadline: Instant) -> Result<TcpOrUnix> {
+pub(crate) fn open(endpoint: &Endpoint, deadline: Instant) -> Result<TcpOrUnix> {
     let left = || {
         let d = deadline.saturating_duration_since(Instant::now());
         if d.is_zero() {
@@ -177,79 +208,30 @@ fn resolve(host: &str, port: u16, within: Duration) -> Result<Vec<SocketAddr>> {
     }
 }
 
-enum TcpOrUnix {
+pub(crate) enum TcpOrUnix {
     Tcp(TcpStream),
     Unix(UnixStream),
 }
 
 /// The TLS handshake, done here rather than on the first read so that a certificate that does
-/// not verify, or a plain port, fails the connect with its own message.
-fn handshake(tcp: TcpStream, tls: &TlsClient, deadline: Instant) -> Result<Socket> {
-    let conn = ClientConnection::new(tls.config.clone(), tls.name.clone())
+/// not verify, or a server that does not speak TLS, fails the connect with its own message (a
+/// rustls error: a `Tls` error). A reset, an end or a timeout stays an I/O error: the tier
+/// starts down and tries again.
+fn handshake(
+    tcp: TcpStream,
+    endpoint: &Endpoint,
+    tls: &TlsClient,
+    deadline: Instant,
+) -> Result<Socket> {
+    let conn = ClientConnection::new(tls.config.clone(), tls.name_for(endpoint)?)
         .map_err(|e| RemoteError::Tls(format!("starting the handshake: {e}")))?;
-    let mut s = StreamOwned::new(conn, tcp);
+    let mut s = StreamOwned::new(conn, Armed { tcp, deadline });
     while s.conn.is_handshaking() {
-        let t = Some(
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1)),
-        );
-        s.sock
-            .set_read_timeout(t)
-            .and_then(|()| s.sock.set_write_timeout(t))
-            .map_err(|e| RemoteError::from_io(e, "arming the TLS handshake"))?;
-        if Instant::now() >= deadline {
-            return Err(no_handshake());
-        }
-        match s.conn.complete_io(&mut s.sock) {
-            Ok((0, 0)) => {
-                return Err(RemoteError::Tls(
-                    "the server closed the connection during the TLS handshake: is it a plain \
-                     port? (use redis:// there)"
-                        .into(),
-                ))
-            }
-            Ok(_) => {}
-            Err(e) => {
-                return Err(match RemoteError::from_io(e, "TLS handshake") {
-                    RemoteError::Timeout(_) => no_handshake(),
-                    RemoteError::Io(m) => RemoteError::Tls(format!(
-                        "{m}: the connection failed during the TLS handshake: is it a plain \
-                         port? (use redis:// there)"
-                    )),
-                    other => other,
-                })
-            }
-        }
+        s.conn
+            .complete_io(&mut s.sock)
+            .map_err(|e| RemoteError::from_io(e, "TLS handshake"))?;
     }
     Ok(Socket::Tls(Box::new(s)))
-}
-
-/// How long a plaintext probe waits for its answer after a TLS handshake timed out.
-const PROBE_WAIT: Duration = Duration::from_millis(500);
-
-/// Whether the endpoint answers an inline `PING` in RESP: a Redis plain port, which reads a
-/// TLS ClientHello as the start of an inline command and waits for its end.
-fn answers_plaintext(endpoint: &Endpoint) -> bool {
-    let Ok(TcpOrUnix::Tcp(mut s)) = open(endpoint, Instant::now() + PROBE_WAIT) else {
-        return false;
-    };
-    let mut first = [0u8; 1];
-    s.set_read_timeout(Some(PROBE_WAIT)).is_ok()
-        && s.set_write_timeout(Some(PROBE_WAIT)).is_ok()
-        && s.write_all(b"PING\r\n").is_ok()
-        && matches!(s.read(&mut first), Ok(1))
-        && matches!(first[0], b'+' | b'-')
-}
-
-/// A timeout, not a TLS error: a server too slow to answer in time must not stop start-up (the
-/// tier starts down and retries), though the hint names the other cause.
-fn no_handshake() -> RemoteError {
-    RemoteError::Timeout(
-        "no TLS handshake within the connect timeout: a server too slow to answer, or a plain \
-         port that waits for a RESP command? (use redis:// there)"
-            .into(),
-    )
 }
 
 fn is_auth_error(msg: &str) -> bool {
@@ -276,20 +258,10 @@ impl Conn {
     pub fn connect_to(target: &Target, endpoint: &Endpoint, deadline: Instant) -> Result<Conn> {
         let url = &target.url;
         let socket = match (open(endpoint, deadline)?, &target.tls) {
-            (TcpOrUnix::Tcp(s), Some(tls)) => match handshake(s, tls, deadline) {
-                Err(RemoteError::Timeout(_)) if answers_plaintext(endpoint) => {
-                    return Err(RemoteError::Tls(
-                        "the server answers plaintext RESP on this port: it is a plain port \
-                         (use redis:// there, rediss:// only against a tls-port)"
-                            .into(),
-                    ))
-                }
-                res => res?,
-            },
+            (TcpOrUnix::Tcp(s), Some(tls)) => handshake(s, endpoint, tls, deadline)?,
             (TcpOrUnix::Tcp(s), None) => Socket::Tcp(s),
             (TcpOrUnix::Unix(s), _) => Socket::Unix(s),
         };
-        let plain_tcp = matches!(socket, Socket::Tcp(_));
         let mut conn = Conn {
             reader: BufReader::with_capacity(READ_BUF, Stream { socket, deadline }),
             line: Vec::with_capacity(128),
@@ -315,20 +287,9 @@ impl Conn {
         steps.push("PING");
         conn.send(&p)?;
         let mut first_err = None;
-        for (i, step) in steps.into_iter().enumerate() {
-            match conn.simple() {
-                Ok(Head::Error(msg)) => {
-                    first_err.get_or_insert((step, msg));
-                }
-                Ok(_) => {}
-                // A TLS server drops a plaintext client at its first bytes.
-                Err(RemoteError::Io(m) | RemoteError::Protocol(m)) if plain_tcp && i == 0 => {
-                    return Err(RemoteError::Tls(format!(
-                        "{m}: the server dropped our first plaintext command: is it a TLS port? \
-                         (use rediss:// there)"
-                    )))
-                }
-                Err(e) => return Err(e),
+        for step in steps {
+            if let Head::Error(msg) = conn.simple()? {
+                first_err.get_or_insert((step, msg));
             }
         }
         match first_err {

@@ -14,6 +14,7 @@ mod error;
 pub mod format;
 mod jobs;
 mod lookups;
+mod probe;
 mod queue;
 pub mod resp;
 mod routing;

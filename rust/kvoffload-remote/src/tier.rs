@@ -9,6 +9,7 @@ use crate::conn::{Conn, Target};
 use crate::error::{RemoteError, Result};
 use crate::format::{Layout, KEY_PREFIX};
 use crate::jobs::{self, CanaryOutcome};
+use crate::probe;
 use crate::queue::{Completion, Job, Queues, Shared, Work};
 use crate::stats::{Counters, Stats};
 use crate::status::DROPPED;
@@ -23,7 +24,8 @@ use std::time::{Duration, Instant};
 
 /// Connects to the first seed that answers and learns whether it is a cluster (and its slot
 /// map): the start-up connection (given to a worker when not a cluster), the cluster's state,
-/// and why no seed answered, if none did. Refused credentials, TLS failures and a
+/// and why no seed answered, if none did. Refused credentials, TLS failures, a url whose
+/// scheme does not fit the port (found out by a probe, only after a failed connect) and a
 /// configuration that does not fit the server are errors.
 fn first_contact(
     cfg: &Config,
@@ -37,6 +39,11 @@ fn first_contact(
              nodes of a cluster (cluster=true or \"auto\")",
             seeds.len()
         )));
+    }
+    if cfg.cluster == Some(true) && seeds.is_empty() {
+        return Err(RemoteError::Config(
+            "cluster=true with a unix:// url; allowed: redis:// or rediss:// seed nodes".into(),
+        ));
     }
     let db_in_cluster = || {
         RemoteError::Config(format!(
@@ -59,18 +66,22 @@ fn first_contact(
             .collect()
     };
     let mut unreachable = None;
+    let mut saw_cluster = false;
     for endpoint in &endpoints {
-        let mut conn =
-            match Conn::connect_to(target, endpoint, Instant::now() + cfg.connect_timeout) {
-                Ok(c) => c,
-                Err(e @ (RemoteError::Auth(_) | RemoteError::Config(_) | RemoteError::Tls(_))) => {
-                    return Err(e)
+        let by = Instant::now() + cfg.connect_timeout;
+        let mut conn = match Conn::connect_to(target, endpoint, by) {
+            Ok(c) => c,
+            Err(e @ (RemoteError::Auth(_) | RemoteError::Config(_) | RemoteError::Tls(_))) => {
+                return Err(e)
+            }
+            Err(e) => {
+                if let Some(wrong) = wrong_scheme(target, endpoint) {
+                    return Err(wrong);
                 }
-                Err(e) => {
-                    unreachable = Some(e);
-                    continue;
-                }
-            };
+                unreachable = Some(e);
+                continue;
+            }
+        };
         let is_cluster = match cfg.cluster {
             Some(c) => c,
             // A server that refuses INFO (an ACL) is taken as one server, as before clusters.
@@ -93,32 +104,54 @@ fn first_contact(
             }
             return Ok((Some(conn), None, None));
         }
+        saw_cluster = true;
         if url.db != 0 {
             return Err(db_in_cluster());
         }
         let Endpoint::Tcp { host, .. } = endpoint else {
-            return Err(RemoteError::Config(
-                "cluster=true with a unix:// url; allowed: redis:// or rediss:// seed nodes".into(),
-            ));
+            unreachable!("cluster=true with a unix:// url is refused above")
         };
-        let map = match cluster::fetch(&mut conn, host) {
-            Ok(m) => m,
+        match cluster::fetch(&mut conn, host) {
+            Ok(map) => return Ok((None, Some(ClusterState::new(map, seeds.clone())), None)),
             Err(RemoteError::Server(m)) => {
                 return Err(RemoteError::Config(format!(
                     "cluster=true, but {endpoint} refused CLUSTER SLOTS: {m}"
                 )))
             }
-            Err(e) => {
-                unreachable = Some(e);
-                continue;
+            Err(RemoteError::Protocol(m)) => {
+                return Err(RemoteError::Config(format!(
+                    "{endpoint} answered CLUSTER SLOTS with what we cannot route by: {m}"
+                )))
             }
-        };
-        return Ok((None, Some(ClusterState::new(map, seeds.clone())), None));
+            Err(e) => unreachable = Some(e),
+        }
     }
-    // Nobody answered: the tier starts down, as a cluster if the configuration says so.
-    let is_cluster = cfg.cluster.unwrap_or(seeds.len() > 1);
+    // Nobody answered: the tier starts down, as a cluster if the configuration or a seed says so.
+    let is_cluster = cfg.cluster.unwrap_or(saw_cluster || seeds.len() > 1);
     let state = is_cluster.then(|| ClusterState::new(SlotMap::empty(), seeds.clone()));
     Ok((None, state, unreachable))
+}
+
+/// After a failed start-up connect: the error to stop start-up with when the port speaks the
+/// other protocol than the url's scheme (probed), or `None`.
+fn wrong_scheme(target: &Target, endpoint: &Endpoint) -> Option<RemoteError> {
+    if !matches!(endpoint, Endpoint::Tcp { .. }) {
+        return None;
+    }
+    if target.tls.is_some() {
+        probe::answers_resp(endpoint).then(|| {
+            RemoteError::Tls(format!(
+                "{endpoint} answers plaintext RESP: it is a plain port (use redis:// there, \
+                 rediss:// only against a tls-port)"
+            ))
+        })
+    } else {
+        probe::speaks_tls(endpoint).then(|| {
+            RemoteError::Tls(format!(
+                "{endpoint} speaks TLS: it is a TLS port (use rediss://, with tls_ca_file, there)"
+            ))
+        })
+    }
 }
 
 /// The most shards one chunk may have (ranks of one engine): bounds a lookup's EXISTS.

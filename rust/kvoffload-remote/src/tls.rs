@@ -1,6 +1,7 @@
 //! TLS for `rediss://` URLs, with rustls (ring): the client configuration built once per tier
 //! from [`TlsConfig`], shared by every connection. The server's certificate is always verified,
-//! against `ca_file` or the system's roots, for `server_name` or the URL's host.
+//! against `ca_file` or the system's roots, for `server_name` or the host connected to (each
+//! node of a cluster its own).
 
 use crate::config::TlsConfig;
 use crate::error::{RemoteError, Result};
@@ -15,7 +16,29 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct TlsClient {
     pub config: Arc<ClientConfig>,
-    pub name: ServerName<'static>,
+    /// `tls_server_name`, for every host; `None`: each host's own name.
+    pub name: Option<ServerName<'static>>,
+}
+
+fn server_name(name: &str, what: &str) -> Result<ServerName<'static>> {
+    ServerName::try_from(name.to_string()).map_err(|e| {
+        RemoteError::Config(format!(
+            "{what} {name:?} is not a DNS name or IP address a certificate can hold: {e}"
+        ))
+    })
+}
+
+impl TlsClient {
+    /// The name the certificate of `endpoint` must hold.
+    pub fn name_for(&self, endpoint: &Endpoint) -> Result<ServerName<'static>> {
+        match (&self.name, endpoint) {
+            (Some(name), _) => Ok(name.clone()),
+            (None, Endpoint::Tcp { host, .. }) => server_name(host, "tls host"),
+            (None, Endpoint::Unix(_)) => Err(RemoteError::Config(
+                "TLS over a unix socket; allowed: rediss:// to a TCP host".into(),
+            )),
+        }
+    }
 }
 
 fn config_err(key: &str, path: &Path, why: impl std::fmt::Display) -> RemoteError {
@@ -75,16 +98,17 @@ pub fn client(url: &ServerUrl, tls: &TlsConfig) -> Result<Option<TlsClient>> {
             set.join(", ")
         )));
     }
-    let Endpoint::Tcp { host, .. } = &url.endpoint else {
-        unreachable!("the URL parser gives TLS only to TCP endpoints")
+    let name = match &tls.server_name {
+        Some(n) => Some(server_name(n, "tls_server_name")?),
+        None => {
+            // Each seed's host must be a name a certificate can hold: found out here, not at
+            // the first connection.
+            for (host, _) in &url.seeds {
+                server_name(host, "the url's host")?;
+            }
+            None
+        }
     };
-    let name_str = tls.server_name.as_deref().unwrap_or(host);
-    let name = ServerName::try_from(name_str.to_string()).map_err(|e| {
-        RemoteError::Config(format!(
-            "tls server name {name_str:?} (tls_server_name, or the url's host) is not a DNS name \
-             or IP address: {e}"
-        ))
-    })?;
     // ring, not aws-lc-rs: it builds with a C compiler alone, as the zig-linked wheel needs.
     // Its only lack (why rustls deprecates it) is post-quantum key exchange.
     #[allow(deprecated)]

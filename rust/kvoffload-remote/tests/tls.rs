@@ -68,6 +68,12 @@ fn tls_server(auth_clients: bool, password: Option<&str>) -> Option<TlsServer> {
     })
 }
 
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.certs);
+    }
+}
+
 impl TlsServer {
     fn url(&self) -> String {
         match &self.server.password {
@@ -202,10 +208,10 @@ fn plain_against_tls_and_tls_against_plain_are_refused_clearly() {
     };
     let plain_to_tls = format!("redis://127.0.0.1:{}", s.tls_port);
     let m = tls_err(Tier::connect(config(&plain_to_tls, MB), NS));
-    assert!(m.contains("is it a TLS port? (use rediss:// there)"), "{m}");
+    assert!(m.contains("it is a TLS port (use rediss://"), "{m}");
     let tls_to_plain = format!("rediss://127.0.0.1:{}", s.server.port);
     let m = tls_err(Tier::connect(cfg(&tls_to_plain, MB, s.tls("ca.crt")), NS));
-    assert!(m.contains("plain port"), "{m}");
+    assert!(m.contains("it is a plain port"), "{m}");
 }
 
 #[test]
@@ -290,8 +296,33 @@ fn a_tls_server_that_never_answers_starts_the_tier_down() {
     c.tls.ca_file = Some(certs.join("ca.crt"));
     let t = Tier::connect(c, NS).unwrap();
     let why = t.startup_error().expect("started down");
-    assert!(
-        why.contains("no TLS handshake within the connect timeout"),
-        "{why}"
-    );
+    assert!(why.contains("TLS handshake: timed out"), "{why}");
+    let _ = std::fs::remove_dir_all(certs);
+}
+
+/// A port that takes the connection and drops it (a proxy with no backend, a server going
+/// down) is a reason to start down and retry, for either scheme: no evidence of the other
+/// protocol, so no start-up error.
+#[test]
+fn a_port_that_drops_connections_starts_the_tier_down_for_either_scheme() {
+    let certs = make_certs();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    // Left running: the process ends it.
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            drop(c);
+        }
+    });
+    let plain = Tier::connect(config(&format!("redis://127.0.0.1:{port}"), MB), NS).unwrap();
+    assert!(plain
+        .startup_error()
+        .is_some_and(|e| e.contains("unreachable")));
+    let mut c = config(&format!("rediss://127.0.0.1:{port}"), MB);
+    c.tls.ca_file = Some(certs.join("ca.crt"));
+    let tls = Tier::connect(c, NS).unwrap();
+    assert!(tls
+        .startup_error()
+        .is_some_and(|e| e.contains("unreachable")));
+    let _ = std::fs::remove_dir_all(certs);
 }
