@@ -211,13 +211,17 @@ class RedisCluster:
             timeout=60,
         )
         deadline = time.monotonic() + 30
-        while not all(
-            b"cluster_state:ok" in bytes(n.command("CLUSTER", "INFO")) for n in self.nodes
-        ):  # type: ignore[arg-type]
+        while not all(self._ok(n) for n in self.nodes):
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster never reached cluster_state:ok")
             time.sleep(0.1)
         return self
+
+    @staticmethod
+    def _ok(node: RedisServer) -> bool:
+        info = node.command("CLUSTER", "INFO")
+        assert isinstance(info, bytes)
+        return b"cluster_state:ok" in info and b"cluster_slots_ok:16384" in info
 
     def primaries(self) -> list[RedisServer]:
         return [n for n in self.nodes if bytes(n.command("ROLE")[0]) == b"master"]  # type: ignore[index]

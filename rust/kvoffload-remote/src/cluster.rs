@@ -5,12 +5,17 @@ use crate::conn::{Conn, Target};
 use crate::error::{RemoteError, Result};
 use crate::resp::Value;
 use crate::url::Endpoint;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub const SLOTS: usize = 16384;
 /// A refresh at most this often, however many jobs ask for one.
 const REFRESH_EVERY: Duration = Duration::from_millis(100);
+/// More primaries than Redis Cluster supports (about 1,000) is garbage; a node index must also
+/// stay below the `u16::MAX` that marks a slot without an owner.
+const MAX_NODES: usize = 16_384;
 
 /// CRC16-XMODEM, as Redis Cluster hashes keys.
 fn crc16(data: &[u8]) -> u16 {
@@ -63,6 +68,18 @@ impl SlotMap {
         }
     }
 
+    /// The index of `node`, added if new; `None` past `MAX_NODES`.
+    fn index_of(&mut self, node: &Node) -> Option<u16> {
+        if let Some(i) = self.nodes.iter().position(|n| n == node) {
+            return Some(i as u16);
+        }
+        if self.nodes.len() >= MAX_NODES {
+            return None;
+        }
+        self.nodes.push(node.clone());
+        Some((self.nodes.len() - 1) as u16)
+    }
+
     /// A map with no node: every job asks for a new one (a cluster unreachable at start-up).
     pub fn empty() -> SlotMap {
         SlotMap {
@@ -72,7 +89,9 @@ impl SlotMap {
     }
 
     /// From a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id, ...], replicas...], ...]`.
-    /// A primary announced with an empty host is at `default_host` (the node we asked).
+    /// A primary announced with a nil or empty host (`cluster-preferred-endpoint-type
+    /// unknown-endpoint`) is at `default_host`, the node we asked; one announced as `?` (a
+    /// hostname it does not know) cannot be reached: its slots stay without an owner.
     pub fn parse(reply: Value, default_host: &str) -> Result<SlotMap> {
         let bad = |why: &str| RemoteError::Protocol(format!("CLUSTER SLOTS reply: {why}"));
         let Value::Array(ranges) = reply else {
@@ -85,6 +104,9 @@ impl SlotMap {
             nodes: Vec::new(),
             owner: vec![u16::MAX; SLOTS],
         };
+        if ranges.len() > SLOTS {
+            return Err(bad(&format!("{} ranges for {SLOTS} slots", ranges.len())));
+        }
         for range in ranges {
             let Value::Array(fields) = range else {
                 return Err(bad("a range is not an array"));
@@ -99,7 +121,9 @@ impl SlotMap {
                 return Err(bad(&format!("slot range {start}..={end}")));
             }
             let host = match primary.first() {
-                Some(Value::Bulk(h)) if h.is_empty() || h == b"?" => default_host.to_string(),
+                Some(Value::Nil) => default_host.to_string(),
+                Some(Value::Bulk(h)) if h.is_empty() => default_host.to_string(),
+                Some(Value::Bulk(h)) if h == b"?" => continue,
                 Some(Value::Bulk(h)) => {
                     String::from_utf8(h.clone()).map_err(|_| bad("a host is not UTF-8"))?
                 }
@@ -109,16 +133,11 @@ impl SlotMap {
                 Some(Value::Int(p)) if (1..=65535).contains(p) => *p as u16,
                 _ => return Err(bad("a primary lacks a valid port")),
             };
-            let node = (host, port);
-            let idx = match map.nodes.iter().position(|n| *n == node) {
-                Some(i) => i,
-                None => {
-                    map.nodes.push(node);
-                    map.nodes.len() - 1
-                }
-            };
+            let idx = map
+                .index_of(&(host, port))
+                .ok_or_else(|| bad("too many nodes"))?;
             for s in start..=end {
-                map.owner[s as usize] = idx as u16;
+                map.owner[s as usize] = idx;
             }
         }
         if map.nodes.is_empty() {
@@ -140,18 +159,22 @@ pub fn node_counts(keys: &[&[u8]], nodes: usize) -> Vec<u64> {
     counts
 }
 
-/// `MOVED <slot> <host>:<port>`: the slot and its owner now.
-pub fn parse_moved(msg: &str) -> Option<(u16, Node)> {
+/// `MOVED <slot> <host>:<port>`: the slot and its owner now (`None` when the answer names no
+/// host, as with `cluster-preferred-endpoint-type unknown-endpoint`).
+pub fn parse_moved(msg: &str) -> Option<(u16, Option<Node>)> {
     let mut words = msg.strip_prefix("MOVED ")?.split(' ');
     let slot = words
         .next()?
         .parse::<u16>()
         .ok()
         .filter(|&s| usize::from(s) < SLOTS)?;
-    let (host, port) = words.next()?.rsplit_once(':')?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    (!host.is_empty()).then_some(())?;
-    Some((slot, (host.to_string(), port.parse().ok()?)))
+    let owner = words.next().and_then(|w| {
+        let (host, port) = w.rsplit_once(':')?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port = port.parse::<u16>().ok().filter(|&p| p != 0)?;
+        (!host.is_empty() && host != "?").then(|| (host.to_string(), port))
+    });
+    Some((slot, owner))
 }
 
 /// Asks `conn` for the slot map.
@@ -180,6 +203,12 @@ pub fn enabled(conn: &mut Conn) -> Result<bool> {
 pub struct ClusterState {
     map: Mutex<Arc<SlotMap>>,
     last_refresh: Mutex<Option<Instant>>,
+    /// Something showed the map may be out of date (a node failed, a slot had no owner): the
+    /// next job asks for a new one before it runs.
+    stale: AtomicBool,
+    /// Nodes that failed, left alone by every worker (and asked last for a map) until then: a
+    /// node of its own breaker, so one that hangs costs one job's deadline, not every job's.
+    resting: Mutex<HashMap<Node, Instant>>,
     /// The URL's seed nodes, asked when no node of the map answers.
     seeds: Vec<Node>,
 }
@@ -189,6 +218,8 @@ impl ClusterState {
         // An empty map (nobody answered at start-up) may be refreshed at once.
         let fetched = (!map.nodes.is_empty()).then(Instant::now);
         ClusterState {
+            resting: Mutex::new(HashMap::new()),
+            stale: AtomicBool::new(fetched.is_none()),
             map: Mutex::new(Arc::new(map)),
             last_refresh: Mutex::new(fetched),
             seeds,
@@ -199,29 +230,56 @@ impl ClusterState {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Takes the owners that `MOVED` answers named, at once (no round trip).
-    pub fn apply_moves(&self, moves: &[(u16, Node)]) {
+    /// Takes the owners that `MOVED` answers named, at once (no round trip); an answer that
+    /// names none makes the map stale.
+    pub fn apply_moves(&self, moves: &[(u16, Option<Node>)]) {
         let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let mut map = SlotMap {
             nodes: guard.nodes.clone(),
             owner: guard.owner.clone(),
         };
         for (slot, node) in moves {
-            let idx = match map.nodes.iter().position(|n| n == node) {
-                Some(i) => i,
-                None => {
-                    map.nodes.push(node.clone());
-                    map.nodes.len() - 1
-                }
-            };
-            map.owner[usize::from(*slot)] = idx as u16;
+            match node.as_ref().and_then(|n| map.index_of(n)) {
+                Some(idx) => map.owner[usize::from(*slot)] = idx,
+                None => self.mark_stale(),
+            }
         }
         *guard = Arc::new(map);
     }
 
-    /// Asks the map's nodes, then the seeds, for a new map, unless one was fetched in the last
-    /// `REFRESH_EVERY`. True if the map was replaced.
-    pub fn refresh(&self, target: &Target, connect_timeout: Duration, deadline: Instant) -> bool {
+    /// `node` failed: left alone for `cooldown`, and the map asked for anew.
+    pub fn rest(&self, node: &Node, cooldown: Duration) {
+        let mut r = self.resting.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        r.retain(|_, until| *until > now);
+        r.insert(node.clone(), now + cooldown);
+        drop(r);
+        self.mark_stale();
+    }
+
+    pub fn is_resting(&self, node: &Node) -> bool {
+        let r = self.resting.lock().unwrap_or_else(|p| p.into_inner());
+        r.get(node).is_some_and(|&until| Instant::now() < until)
+    }
+
+    pub fn mark_stale(&self) {
+        self.stale.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Relaxed)
+    }
+
+    /// Asks the map's nodes and the seeds (resting ones last) for a new map, unless one was
+    /// fetched in the last `REFRESH_EVERY`; a node that fails to answer rests for `cooldown`.
+    /// True if the map was replaced.
+    pub fn refresh(
+        &self,
+        target: &Target,
+        connect_timeout: Duration,
+        deadline: Instant,
+        cooldown: Duration,
+    ) -> bool {
         {
             let mut last = self.last_refresh.lock().unwrap_or_else(|p| p.into_inner());
             if last.is_some_and(|t| t.elapsed() < REFRESH_EVERY) {
@@ -230,8 +288,12 @@ impl ClusterState {
             *last = Some(Instant::now());
         }
         let current = self.map();
-        let candidates = current.nodes.iter().chain(&self.seeds);
-        for (host, port) in candidates {
+        let (bad, good): (Vec<&Node>, Vec<&Node>) = current
+            .nodes
+            .iter()
+            .chain(&self.seeds)
+            .partition(|n| self.is_resting(n));
+        for (host, port) in good.into_iter().chain(bad) {
             let by = deadline.min(Instant::now() + connect_timeout);
             if Instant::now() >= by {
                 return false;
@@ -241,9 +303,13 @@ impl ClusterState {
                 port: *port,
             };
             let got = Conn::connect_to(target, &endpoint, by).and_then(|mut c| fetch(&mut c, host));
-            if let Ok(map) = got {
-                *self.map.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(map);
-                return true;
+            match got {
+                Ok(map) => {
+                    *self.map.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(map);
+                    self.stale.store(false, Ordering::Relaxed);
+                    return true;
+                }
+                Err(_) => self.rest(&(host.clone(), *port), cooldown),
             }
         }
         false
@@ -306,21 +372,19 @@ mod tests {
 
     #[test]
     fn moved_answers() {
+        let node = |h: &str, p: u16| Some((h.to_string(), p));
         assert_eq!(
             parse_moved("MOVED 3999 127.0.0.1:6381"),
-            Some((3999, ("127.0.0.1".into(), 6381)))
+            Some((3999, node("127.0.0.1", 6381)))
         );
         assert_eq!(
             parse_moved("MOVED 1 [::1]:7000"),
-            Some((1, ("::1".into(), 7000)))
+            Some((1, node("::1", 7000)))
         );
-        for bad in [
-            "MOVED 16384 h:1",
-            "MOVED 1 :7000",
-            "MOVED x h:1",
-            "ASK 1 h:1",
-            "MOVED 1 h",
-        ] {
+        // Moved, to a node whose name the answer does not give: fetch the map anew.
+        assert_eq!(parse_moved("MOVED 1 :7000"), Some((1, None)));
+        assert_eq!(parse_moved("MOVED 1 h"), Some((1, None)));
+        for bad in ["MOVED 16384 h:1", "MOVED x h:1", "ASK 1 h:1"] {
             assert_eq!(parse_moved(bad), None, "{bad}");
         }
     }
@@ -372,6 +436,18 @@ mod tests {
         ] {
             assert!(SlotMap::parse(bad, "s").is_err());
         }
+        // A nil or empty host is the node asked; "?" cannot be reached.
+        let odd = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                Value::Array(vec![Value::Nil, Value::Int(7000)]),
+            ]),
+            Value::Array(vec![Value::Int(5461), Value::Int(10922), node("?", 7001)]),
+        ]);
+        let m = SlotMap::parse(odd, "seed").unwrap();
+        assert_eq!(m.nodes, vec![("seed".into(), 7000)]);
+        assert_eq!((m.owner_of_slot(0), m.owner_of_slot(6000)), (Some(0), None));
         let partial = Value::Array(vec![Value::Array(vec![
             Value::Int(0),
             Value::Int(10),

@@ -23,7 +23,8 @@ pub(crate) struct Ctx<'a> {
     /// A Redis Cluster: a command's keys must share one slot (one chunk's).
     pub cluster: bool,
     /// The `MOVED` answers seen (slot, new owner): the slot map is stale there.
-    pub moved: std::cell::RefCell<Vec<(u16, crate::cluster::Node)>>,
+    /// (`None`: an owner we cannot reach by its announced name; the map must be fetched anew.)
+    pub moved: std::cell::RefCell<Vec<(u16, Option<crate::cluster::Node>)>>,
     pub stats: &'a Counters,
     pub last_error: &'a Mutex<Option<String>>,
 }

@@ -243,7 +243,8 @@ impl LookupTable {
     }
 
     /// Keys in the negative cache, expired ones included until they are next pruned.
-    pub fn known_misses(&self) -> usize {
+    #[cfg(test)]
+    fn known_misses(&self) -> usize {
         self.negative.until.len()
     }
 

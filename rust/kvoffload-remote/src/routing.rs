@@ -8,9 +8,10 @@ use crate::error::{RemoteError, Result};
 use crate::format;
 use crate::jobs::{self, Ctx};
 use crate::queue::{Job, Shared, Work};
+use crate::stats::Counters;
 use crate::status::{FAILED, PENDING};
 use crate::url::Endpoint;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -54,15 +55,15 @@ fn ungroup<T>(g: Grouped<T>) -> Vec<T> {
 #[derive(Default)]
 pub(crate) struct NodeConns {
     conns: HashMap<Node, Conn>,
+    ever_connected: HashSet<Node>,
 }
 
-/// What one round left to do.
+/// What one round of a job did.
 #[derive(Default)]
 struct Round {
-    /// Run another round: something failed that a newer map may fix.
-    refresh: bool,
-    /// Some item's slot has no owner in the map.
-    unrouted: bool,
+    /// Some node answered (the cluster is there, whatever else failed).
+    answered: bool,
+    /// The last node failure.
     err: Option<RemoteError>,
 }
 
@@ -74,12 +75,60 @@ impl NodeConns {
                 port: node.1,
             };
             let by = deadline.min(Instant::now() + sh.cfg.connect_timeout);
-            let c = Conn::connect_to(&sh.target, &endpoint, by)?;
-            self.conns.insert(node.clone(), c);
+            match Conn::connect_to(&sh.target, &endpoint, by) {
+                Ok(c) => {
+                    if !self.ever_connected.insert(node.clone()) {
+                        Counters::add(&sh.stats.reconnects, 1);
+                    }
+                    self.conns.insert(node.clone(), c);
+                }
+                Err(e) => {
+                    Counters::add(&sh.stats.connect_failures, 1);
+                    return Err(e);
+                }
+            }
         }
         let c = self.conns.get_mut(node).expect("inserted above");
         c.set_deadline(deadline);
         Ok(c)
+    }
+
+    /// A node's connection failed: dropped, the node left alone for the breaker's cool-down,
+    /// and the map asked for anew (its slots may have a new owner).
+    fn failed(
+        &mut self,
+        sh: &Shared,
+        cl: &ClusterState,
+        node: &Node,
+        e: RemoteError,
+        out: &mut Round,
+    ) {
+        if !matches!(e, RemoteError::Server(_)) {
+            self.conns.remove(node);
+            cl.rest(node, sh.cfg.breaker_cooldown);
+        }
+        sh.note(format!("cluster node {}:{}: {e}", node.0, node.1));
+        out.err = Some(e);
+    }
+
+    /// The runs of `g` to send, each with its node: not those whose node is resting or whose
+    /// slot no node owns (they stay pending, and fail unsent).
+    fn runs<'m, T>(
+        &self,
+        cl: &ClusterState,
+        map: &'m SlotMap,
+        g: &Grouped<T>,
+    ) -> Vec<(&'m Node, Range<usize>)> {
+        let mut runs = Vec::new();
+        for (owner, range) in &g.runs {
+            match *owner {
+                SKIP => {}
+                // Its slots may have a new owner by now (a replica took over).
+                n if n == UNROUTED || cl.is_resting(&map.nodes[n]) => cl.mark_stale(),
+                n => runs.push((&map.nodes[n], range.clone())),
+            }
+        }
+        runs
     }
 
     /// Runs the pending items of `items` (their statuses in `st`) node by node with `run`.
@@ -87,6 +136,7 @@ impl NodeConns {
     fn round<T>(
         &mut self,
         sh: &Shared,
+        cl: &ClusterState,
         ctx: &Ctx<'_>,
         map: &SlotMap,
         items: &mut Vec<T>,
@@ -96,55 +146,29 @@ impl NodeConns {
         mut run: impl FnMut(&mut Conn, &Ctx<'_>, &mut [T], &mut [u8]) -> Result<()>,
     ) -> Round {
         let mut out = Round::default();
-        let mut g = group(std::mem::take(items), |i, t| {
-            if st[i] != PENDING {
-                SKIP
-            } else {
-                map.owner_of_slot(format::chunk_slot(key(t)))
-                    .unwrap_or(UNROUTED)
-            }
-        });
-        for (owner, range) in g.runs.clone() {
-            match owner {
-                SKIP => continue,
-                // A slot no node serves (a map fetched mid-failover): ask for a new one.
-                UNROUTED => {
-                    out.refresh = true;
-                    out.unrouted = true;
-                    continue;
-                }
-                _ => {}
-            }
-            let node = &map.nodes[owner];
+        let mut g = group(std::mem::take(items), |i, t| owner(map, st[i], key(t)));
+        for (node, range) in self.runs(cl, map, &g) {
             let mut sub_st = vec![PENDING; range.len()];
             let res = self
                 .conn(sh, node, deadline)
                 .and_then(|c| run(c, ctx, &mut g.items[range.clone()], &mut sub_st));
-            for (k, &s) in sub_st.iter().enumerate() {
-                st[g.orig[range.start + k]] = s;
-            }
-            if let Err(e) = res {
-                self.failed(node, e, &mut out);
+            settle(&g, &range, &sub_st, st);
+            match res {
+                Ok(()) => out.answered = true,
+                Err(e) => self.failed(sh, cl, node, e, &mut out),
             }
         }
         *items = ungroup(g);
         out
     }
 
-    /// A node's connection failed: dropped, and the map is asked for again.
-    fn failed(&mut self, node: &Node, e: RemoteError, out: &mut Round) {
-        if e.breaks_connection() || !matches!(e, RemoteError::Server(_)) {
-            self.conns.remove(node);
-        }
-        out.refresh = true;
-        out.err = Some(e);
-    }
-
     /// [`NodeConns::round`] for lookups, pipelined to every node at once: all nodes are asked
     /// before any answer is read, so a lookup over three nodes costs about one round trip.
+    #[allow(clippy::too_many_arguments)]
     fn lookup_round(
         &mut self,
         sh: &Shared,
+        cl: &ClusterState,
         ctx: &Ctx<'_>,
         map: &SlotMap,
         keys: &mut Vec<Vec<u8>>,
@@ -152,22 +176,10 @@ impl NodeConns {
         deadline: Instant,
     ) -> Round {
         let mut out = Round::default();
-        let g = group(std::mem::take(keys), |i, k| {
-            if st[i] != PENDING {
-                SKIP
-            } else {
-                map.owner_of_slot(format::chunk_slot(k)).unwrap_or(UNROUTED)
-            }
-        });
-        out.unrouted = g.runs.iter().any(|(o, _)| *o == UNROUTED);
-        out.refresh = out.unrouted;
-        let runs: Vec<(&Node, Range<usize>)> = g
-            .runs
-            .iter()
-            .filter(|(o, _)| *o < UNROUTED)
-            .map(|(o, r)| (&map.nodes[*o], r.clone()))
-            .collect();
+        let g = group(std::mem::take(keys), |i, k| owner(map, st[i], k));
+        let runs = self.runs(cl, map, &g);
         let mut sub_st: Vec<Vec<u8>> = runs.iter().map(|(_, r)| vec![PENDING; r.len()]).collect();
+        // Per run: the TOUCH commands it has out, or None once its node failed.
         let mut touches: Vec<Option<usize>> = vec![Some(0); runs.len()];
         for (j, (node, range)) in runs.iter().enumerate() {
             let sent = self
@@ -175,7 +187,7 @@ impl NodeConns {
                 .and_then(|c| jobs::lookup_send(c, ctx, &g.items[range.clone()]));
             if let Err(e) = sent {
                 touches[j] = None;
-                self.failed(node, e, &mut out);
+                self.failed(sh, cl, node, e, &mut out);
             }
         }
         for phase in 0..2 {
@@ -192,21 +204,22 @@ impl NodeConns {
                     Ok(t) => touches[j] = Some(t),
                     Err(e) => {
                         touches[j] = None;
-                        self.failed(node, e, &mut out);
+                        self.failed(sh, cl, node, e, &mut out);
                     }
                 }
             }
         }
+        out.answered = touches.iter().any(Option::is_some);
         for ((_, range), sub) in runs.iter().zip(&sub_st) {
-            for (k, &s) in sub.iter().enumerate() {
-                st[g.orig[range.start + k]] = s;
-            }
+            settle(&g, range, sub, st);
         }
         *keys = ungroup(g);
         out
     }
 
-    /// Runs `job` (its items still `PENDING` in `st`) across the cluster's primaries.
+    /// Runs `job` (its items still `PENDING` in `st`) across the cluster's primaries. An error
+    /// only when no node answered: one bad node fails its own items, and the tier's breaker
+    /// is for a cluster that is gone.
     pub(crate) fn attempt(
         &mut self,
         sh: &Shared,
@@ -215,23 +228,29 @@ impl NodeConns {
         st: &mut [u8],
         deadline: Instant,
     ) -> Result<()> {
-        let mut last = Round::default();
+        if cl.is_stale() {
+            // A new map first, asked of the nodes that work before those resting, in at most
+            // half of what is left of the job's deadline.
+            let now = Instant::now();
+            let by =
+                now + (deadline.saturating_duration_since(now) / 2).min(sh.cfg.connect_timeout);
+            cl.refresh(
+                &sh.target,
+                sh.cfg.connect_timeout,
+                by,
+                sh.cfg.breaker_cooldown,
+            );
+        }
+        let mut answered = false;
+        let mut last_err = None;
         for round in 0..2 {
-            if round == 1 {
-                if !last.refresh {
-                    break;
-                }
-                // MOVED answers are applied already; a node that failed needs the whole map.
-                if last.err.is_some() || last.unrouted {
-                    cl.refresh(&sh.target, sh.cfg.connect_timeout, deadline);
-                }
-            }
             let map = cl.map();
             let ctx = sh.ctx();
-            last = match &mut job.work {
-                Work::Lookup(keys) => self.lookup_round(sh, &ctx, &map, keys, st, deadline),
+            let out = match &mut job.work {
+                Work::Lookup(keys) => self.lookup_round(sh, cl, &ctx, &map, keys, st, deadline),
                 Work::Store(items) => self.round(
                     sh,
+                    cl,
                     &ctx,
                     &map,
                     items,
@@ -240,32 +259,78 @@ impl NodeConns {
                     deadline,
                     |c, x, it, s| jobs::store(c, x, it, s),
                 ),
-                Work::Load(items) => {
-                    self.round(sh, &ctx, &map, items, |it| &it.0, st, deadline, jobs::load)
-                }
+                Work::Load(items) => self.round(
+                    sh,
+                    cl,
+                    &ctx,
+                    &map,
+                    items,
+                    |it| &it.0,
+                    st,
+                    deadline,
+                    jobs::load,
+                ),
             };
+            answered |= out.answered;
+            last_err = out.err.or(last_err);
             let moves = ctx.moved.take();
-            if !moves.is_empty() {
-                cl.apply_moves(&moves);
-                if round == 0 {
-                    // The items a node sent on elsewhere failed: they run again on the new
-                    // owners (other failures of the job are retried with them; all are
-                    // idempotent).
-                    last.refresh = true;
-                    for s in st.iter_mut().filter(|s| **s == FAILED) {
-                        *s = PENDING;
-                    }
+            if moves.is_empty() {
+                break;
+            }
+            cl.apply_moves(&moves);
+            if round == 0 {
+                // The items a node sent on elsewhere failed: they run again on the new owners
+                // (with the job's other failures: every command is idempotent), and what they
+                // counted as failed is taken back.
+                let again = st.iter().filter(|&&s| s == FAILED).count() as u64;
+                match job.work {
+                    Work::Lookup(_) => Counters::sub(&sh.stats.lookup_keys, again),
+                    Work::Store(_) => Counters::sub(&sh.stats.store_failures, again),
+                    Work::Load(_) => Counters::sub(&sh.stats.load_failures, again),
+                }
+                for s in st.iter_mut().filter(|s| **s == FAILED) {
+                    *s = PENDING;
                 }
             }
         }
-        let unrouted = st.contains(&PENDING);
-        match last.err {
-            Some(e) => Err(e),
-            None if unrouted => Err(RemoteError::Io(
-                "a slot of the job has no primary in the cluster's slot map".into(),
+        let unsent = st.iter().filter(|&&s| s == PENDING).count() as u64;
+        match last_err {
+            // The worker fails and counts what is pending, and the tier's breaker counts it.
+            Some(e) if !answered => Err(e),
+            None if unsent > 0 && !answered => Err(RemoteError::Io(
+                "no primary of the cluster could be asked (none owns the slots, or all rest \
+                 after failures)"
+                    .into(),
             )),
-            None => Ok(()),
+            _ => {
+                // Items of a node that failed, rests or owns no slot: failed, unsent.
+                match job.work {
+                    Work::Store(_) => Counters::add(&sh.stats.store_failures, unsent),
+                    Work::Load(_) => Counters::add(&sh.stats.load_failures, unsent),
+                    Work::Lookup(_) => {}
+                }
+                for s in st.iter_mut().filter(|s| **s == PENDING) {
+                    *s = FAILED;
+                }
+                Ok(())
+            }
         }
+    }
+}
+
+fn owner(map: &SlotMap, status: u8, key: &[u8]) -> usize {
+    if status != PENDING {
+        SKIP
+    } else {
+        map.owner_of_slot(format::chunk_slot(key))
+            .unwrap_or(UNROUTED)
+    }
+}
+
+/// Copies a run's statuses back to the job's order.
+fn settle<T>(g: &Grouped<T>, range: &Range<usize>, sub_st: &[u8], st: &mut [u8]) {
+    for (k, &s) in sub_st.iter().enumerate() {
+        st[g.orig[range.start + k]] = s;
     }
 }
 

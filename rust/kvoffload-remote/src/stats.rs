@@ -83,4 +83,11 @@ impl Counters {
             c.fetch_add(n, Ordering::Relaxed);
         }
     }
+
+    /// Takes back what an attempt counted for items that run again (a cluster's `MOVED`).
+    pub(crate) fn sub(c: &AtomicU64, n: u64) {
+        if n != 0 {
+            c.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
 }

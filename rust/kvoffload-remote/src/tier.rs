@@ -189,6 +189,13 @@ impl Tier {
                 lookup_namespaces.len()
             )));
         }
+        if !lookup_namespaces.contains(&namespace) {
+            return Err(RemoteError::Config(
+                "the lookup namespaces lack the tier's own namespace; allowed: every rank's, \
+                 this one's among them"
+                    .into(),
+            ));
+        }
         let url = url::parse(&cfg.url)?;
         let tls = tls::client(&url, &cfg.tls)?;
         let target = Target { url, tls };

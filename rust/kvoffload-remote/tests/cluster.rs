@@ -93,6 +93,7 @@ fn slots_moved_between_store_and_load_still_hit() {
     for &s in &slots {
         c.move_slot(s, true, 0);
     }
+    let before = t.stats();
     let (st, bufs) = load(&t, &ks);
     assert_eq!(
         st,
@@ -101,7 +102,16 @@ fn slots_moved_between_store_and_load_still_hit() {
         t.last_error()
     );
     assert!(bufs == d);
+    for &s in &slots {
+        c.move_slot(s, true, 0); // and on again, for the lookup
+    }
     assert_eq!(lookup(&t, &ks), vec![OK; 12]);
+    // Counted once each, though each went out twice (MOVED, then to the new owner).
+    let after = t.stats();
+    assert_eq!(after.loaded_chunks - before.loaded_chunks, 12);
+    assert_eq!(after.load_failures - before.load_failures, 0);
+    assert_eq!(after.lookup_keys - before.lookup_keys, 12);
+    assert_eq!(after.lookup_hits - before.lookup_hits, 12);
     assert_eq!(
         store(&t, &keys("after-move", 4), &data(4, 32 * KB, 5)),
         vec![OK; 4]
@@ -198,4 +208,67 @@ fn cluster_settings_that_cannot_work_are_refused() {
     assert!(err(format!("redis://127.0.0.1:{port}/2"), Some(true)).contains("database 2"));
     let two = format!("redis://127.0.0.1:{port},127.0.0.1:{}", c.nodes[1].port);
     assert!(err(two, Some(false)).contains("cluster=false"));
+}
+
+#[test]
+fn a_frozen_primary_costs_only_its_own_chunks_and_the_tier_recovers() {
+    let Some(c) = Cluster::start() else { return };
+    let mut cfg = config(&c.seed_url(), 32 * KB);
+    cfg.job_timeout = Duration::from_millis(500);
+    cfg.breaker_cooldown = Duration::from_millis(300);
+    let t = Tier::connect(cfg, NS).unwrap();
+    let ks = keys("frozen", 24);
+    let d = data(24, 32 * KB, 31);
+    assert_eq!(store(&t, &ks, &d), vec![OK; 24]);
+    for p in c.primaries() {
+        assert_eq!(p.raw().cmd(&[b"WAIT", b"1", b"5000"]), Reply::Int(1));
+    }
+    let victim = c.primary_of(chunk_slot(&ks[0])).port;
+    let on_victim: Vec<bool> = ks
+        .iter()
+        .map(|k| c.primary_of(chunk_slot(k)).port == victim)
+        .collect();
+    let idx = c.nodes.iter().position(|n| n.port == victim).unwrap();
+    // Hung, not dead: connections hang instead of being refused.
+    c.nodes[idx].signal("-STOP");
+    let frozen_at = Instant::now();
+    let mut others_served_while_frozen = false;
+    loop {
+        let (st, bufs) = load(&t, &ks);
+        for (i, s) in st.iter().enumerate() {
+            if *s == OK {
+                assert!(bufs[i] == d[i], "chunk {i} served wrong bytes");
+            }
+        }
+        if st == vec![OK; 24] {
+            break;
+        }
+        let others_ok = st.iter().zip(&on_victim).all(|(s, v)| *v || *s == OK);
+        others_served_while_frozen |= others_ok;
+        assert!(
+            frozen_at.elapsed() < Duration::from_secs(30),
+            "never recovered: {st:?}, {:?}",
+            t.last_error()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "frozen primary: every chunk loaded again {:?} after the freeze",
+        frozen_at.elapsed()
+    );
+    assert!(
+        others_served_while_frozen,
+        "the other primaries' chunks waited on the frozen one"
+    );
+    c.nodes[idx].signal("-CONT");
+}
+
+#[test]
+fn a_unix_url_cannot_be_a_cluster() {
+    let mut cfg = config("unix:///nonexistent/redis.sock", 4096);
+    cfg.cluster = Some(true);
+    match Tier::connect(cfg, NS) {
+        Err(RemoteError::Config(m)) => assert!(m.contains("unix://"), "{m}"),
+        other => panic!("expected a config error, got {:?}", other.err()),
+    }
 }

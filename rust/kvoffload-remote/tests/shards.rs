@@ -72,6 +72,12 @@ fn a_hit_touches_every_shard() {
 
 #[test]
 fn lookup_namespaces_are_bounded() {
+    let other = Tier::connect_shards(
+        config("redis://127.0.0.1:1", 4096),
+        RANKS[0],
+        RANKS[1..].to_vec(),
+    );
+    assert!(matches!(other, Err(RemoteError::Config(m)) if m.contains("own namespace")));
     for n in [0, 1025] {
         let res = Tier::connect_shards(
             config("redis://127.0.0.1:1", 4096),
