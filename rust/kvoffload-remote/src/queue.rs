@@ -43,6 +43,15 @@ impl Job {
         }
     }
 
+    /// The chunk key of item `i`.
+    pub(crate) fn key(&self, i: usize) -> &[u8] {
+        match &self.work {
+            Work::Lookup(k) => &k[i],
+            Work::Store(items) => &items[i].0,
+            Work::Load(items) => &items[i].0,
+        }
+    }
+
     /// Payload bytes moved by the job.
     pub(crate) fn bytes(&self, chunk: usize) -> u64 {
         match &self.work {

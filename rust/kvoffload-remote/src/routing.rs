@@ -279,17 +279,20 @@ impl NodeConns {
             }
             cl.apply_moves(&moves);
             if round == 0 {
-                // The items a node sent on elsewhere failed: they run again on the new owners
-                // (with the job's other failures: every command is idempotent), and what they
-                // counted as failed is taken back.
-                let again = st.iter().filter(|&&s| s == FAILED).count() as u64;
+                // The items of the moved slots failed: they run again on the new owners, and
+                // what they counted as failed is taken back.
+                let moved: HashSet<u16> = moves.iter().map(|(slot, _)| *slot).collect();
+                let mut again = 0u64;
+                for (i, s) in st.iter_mut().enumerate() {
+                    if *s == FAILED && moved.contains(&format::chunk_slot(job.key(i))) {
+                        *s = PENDING;
+                        again += 1;
+                    }
+                }
                 match job.work {
                     Work::Lookup(_) => Counters::sub(&sh.stats.lookup_keys, again),
                     Work::Store(_) => Counters::sub(&sh.stats.store_failures, again),
                     Work::Load(_) => Counters::sub(&sh.stats.load_failures, again),
-                }
-                for s in st.iter_mut().filter(|s| **s == FAILED) {
-                    *s = PENDING;
                 }
             }
         }

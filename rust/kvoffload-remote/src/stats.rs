@@ -84,10 +84,13 @@ impl Counters {
         }
     }
 
-    /// Takes back what an attempt counted for items that run again (a cluster's `MOVED`).
+    /// Takes back what an attempt counted for items that run again (a cluster's `MOVED`);
+    /// never below zero.
     pub(crate) fn sub(c: &AtomicU64, n: u64) {
         if n != 0 {
-            c.fetch_sub(n, Ordering::Relaxed);
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(n))
+            });
         }
     }
 }
