@@ -30,7 +30,7 @@ enum Socket {
 }
 
 /// The time left before `deadline`, as a socket timeout (never zero: that means "forever").
-fn left(deadline: Instant) -> io::Result<Duration> {
+fn time_left(deadline: Instant) -> io::Result<Duration> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(io::Error::new(
@@ -50,14 +50,15 @@ pub(crate) struct Armed {
 
 impl Read for Armed {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.tcp.set_read_timeout(Some(left(self.deadline)?))?;
+        self.tcp.set_read_timeout(Some(time_left(self.deadline)?))?;
         self.tcp.read(buf)
     }
 }
 
 impl Write for Armed {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.tcp.set_write_timeout(Some(left(self.deadline)?))?;
+        self.tcp
+            .set_write_timeout(Some(time_left(self.deadline)?))?;
         self.tcp.write(buf)
     }
 
@@ -73,7 +74,7 @@ pub struct Stream {
 
 impl Stream {
     fn arm_read(&mut self) -> io::Result<()> {
-        let t = Some(left(self.deadline)?);
+        let t = Some(time_left(self.deadline)?);
         match &mut self.socket {
             Socket::Tcp(s) => s.set_read_timeout(t),
             Socket::Unix(s) => s.set_read_timeout(t),
@@ -85,7 +86,7 @@ impl Stream {
     }
 
     fn arm_write(&mut self) -> io::Result<()> {
-        let t = Some(left(self.deadline)?);
+        let t = Some(time_left(self.deadline)?);
         match &mut self.socket {
             Socket::Tcp(s) => s.set_write_timeout(t),
             Socket::Unix(s) => s.set_write_timeout(t),
@@ -129,12 +130,11 @@ impl Write for Stream {
 
     /// Plain sockets have nothing buffered; rustls may hold the last records.
     fn flush(&mut self) -> io::Result<()> {
-        if !matches!(self.socket, Socket::Tls(_)) {
-            return Ok(());
-        }
-        self.arm_write()?;
         match &mut self.socket {
-            Socket::Tls(s) => s.flush(),
+            Socket::Tls(s) => {
+                s.sock.deadline = self.deadline;
+                s.flush()
+            }
             _ => Ok(()),
         }
     }
@@ -147,14 +147,8 @@ pub struct Conn {
 
 pub(crate) fn open(endpoint: &Endpoint, deadline: Instant) -> Result<TcpOrUnix> {
     let left = || {
-        let d = deadline.saturating_duration_since(Instant::now());
-        if d.is_zero() {
-            Err(RemoteError::Timeout(
-                "connecting: connect timeout passed".into(),
-            ))
-        } else {
-            Ok(d)
-        }
+        time_left(deadline)
+            .map_err(|_| RemoteError::Timeout("connecting: connect timeout passed".into()))
     };
     match endpoint {
         Endpoint::Tcp { host, port } => {

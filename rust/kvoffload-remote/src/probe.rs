@@ -3,9 +3,10 @@
 //! positive evidence, so a reset or a slow server still just starts the tier down.
 
 use crate::conn::{open, Armed, TcpOrUnix};
+use crate::tls;
 use crate::url::Endpoint;
 use rustls::pki_types::ServerName;
-use rustls::{ClientConfig, ClientConnection, RootCertStore};
+use rustls::{ClientConnection, RootCertStore};
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,11 +39,7 @@ pub fn speaks_tls(endpoint: &Endpoint) -> bool {
     let Ok(TcpOrUnix::Tcp(tcp)) = open(endpoint, deadline) else {
         return false;
     };
-    #[allow(deprecated)] // see tls.rs: ring, for the zig-linked wheel
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let Ok(builder) =
-        ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions()
-    else {
+    let Ok(builder) = tls::builder() else {
         return false;
     };
     let config = builder

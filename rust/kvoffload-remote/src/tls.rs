@@ -8,7 +8,7 @@ use crate::error::{RemoteError, Result};
 use crate::url::{Endpoint, ServerUrl};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
+use rustls::{ClientConfig, ConfigBuilder, RootCertStore, WantsVerifier};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -85,6 +85,17 @@ fn roots(tls: &TlsConfig) -> Result<RootCertStore> {
     Ok(roots)
 }
 
+/// A client configuration with our crypto provider and protocol versions, roots still to come.
+pub(crate) fn builder() -> Result<ConfigBuilder<ClientConfig, WantsVerifier>> {
+    // ring, not aws-lc-rs: it builds with a C compiler alone, as the zig-linked wheel needs.
+    // Its only lack (why rustls deprecates it) is post-quantum key exchange.
+    #[allow(deprecated)]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| RemoteError::Config(format!("TLS set-up: {e}")))
+}
+
 /// The tier's TLS client for `url`, or `None` for a plain URL (whose `tls` must then be empty).
 pub fn client(url: &ServerUrl, tls: &TlsConfig) -> Result<Option<TlsClient>> {
     if !url.tls {
@@ -109,14 +120,7 @@ pub fn client(url: &ServerUrl, tls: &TlsConfig) -> Result<Option<TlsClient>> {
             None
         }
     };
-    // ring, not aws-lc-rs: it builds with a C compiler alone, as the zig-linked wheel needs.
-    // Its only lack (why rustls deprecates it) is post-quantum key exchange.
-    #[allow(deprecated)]
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| RemoteError::Config(format!("TLS set-up: {e}")))?
-        .with_root_certificates(roots(tls)?);
+    let builder = builder()?.with_root_certificates(roots(tls)?);
     let config = match (&tls.cert_file, &tls.key_file) {
         (Some(cert), Some(key)) => {
             let chain = certs("tls_cert_file", cert)?;
