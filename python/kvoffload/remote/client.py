@@ -109,6 +109,12 @@ class RemoteClient:
     def stats(self) -> dict[str, int]:
         return self._tier.stats()
 
+    def node_stats(self) -> dict[str, dict[str, int]]:
+        """Per node (a cluster's primaries, or the one server), by `host:port`: `bytes_written`,
+        `bytes_read`, `failures` (monotonic) and `resting` (1 while it is left alone after a
+        failure)."""
+        return self._tier.node_stats()
+
     def close(self) -> None:
         self._tier.close()
 

@@ -429,6 +429,22 @@ impl RemoteTier {
         Ok(d)
     }
 
+    /// Per node (`host:port`, or the unix socket's path): `bytes_written`, `bytes_read`,
+    /// `failures` and `resting` (1 while it is left alone after a failure).
+    fn node_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let nodes = py.detach(|| self.tier.node_stats());
+        let d = PyDict::new(py);
+        for (name, s) in nodes {
+            let n = PyDict::new(py);
+            n.set_item("bytes_written", s.bytes_written)?;
+            n.set_item("bytes_read", s.bytes_read)?;
+            n.set_item("failures", s.failures)?;
+            n.set_item("resting", u64::from(s.resting))?;
+            d.set_item(name, n)?;
+        }
+        Ok(d)
+    }
+
     /// Joins the workers, then drops every owner: no worker touches a buffer any more, and the
     /// completions not taken yet stay for `poll` / `drain`.
     fn close(&self, py: Python<'_>) {

@@ -48,6 +48,15 @@ pub fn slot(key: &[u8]) -> u16 {
 /// A primary node, by the address the cluster announces.
 pub type Node = (String, u16);
 
+/// A node's name in logs and metrics: `host:port` (`[v6 address]:port`).
+pub fn node_name(node: &Node) -> String {
+    Endpoint::Tcp {
+        host: node.0.clone(),
+        port: node.1,
+    }
+    .to_string()
+}
+
 /// Which primary serves each slot.
 #[derive(Debug)]
 pub struct SlotMap {
@@ -255,6 +264,16 @@ impl ClusterState {
         r.insert(node.clone(), now + cooldown);
         drop(r);
         self.mark_stale();
+    }
+
+    /// The names of the nodes resting now.
+    pub fn resting_names(&self) -> Vec<String> {
+        let r = self.resting.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        r.iter()
+            .filter(|(_, &until)| now < until)
+            .map(|(n, _)| node_name(n))
+            .collect()
     }
 
     pub fn is_resting(&self, node: &Node) -> bool {

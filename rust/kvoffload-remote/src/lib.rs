@@ -32,5 +32,5 @@ pub use error::{RemoteError, Result};
 pub use jobs::CanaryOutcome;
 pub use lookups::LookupTable;
 pub use queue::Completion;
-pub use stats::Stats;
+pub use stats::{NodeStats, Stats};
 pub use tier::Tier;

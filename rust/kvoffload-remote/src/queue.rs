@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::conn::Target;
 use crate::format::Layout;
 use crate::jobs::{self, Ctx};
-use crate::stats::Counters;
+use crate::stats::{Counters, PerNode};
 use crate::status::{DROPPED, FAILED, MISSING};
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -102,6 +102,7 @@ pub(crate) struct Shared {
     pub(crate) done_cv: Condvar,
     pub(crate) breaker: Breaker,
     pub(crate) stats: Counters,
+    pub(crate) nodes: PerNode,
     pub(crate) last_error: Mutex<Option<String>>,
 }
 
@@ -123,6 +124,11 @@ impl Shared {
             stats: &self.stats,
             last_error: &self.last_error,
         }
+    }
+
+    /// The one server's name in the per-node stats (a cluster's nodes are named by the map).
+    pub(crate) fn server_name(&self) -> String {
+        self.target.url.endpoint.to_string()
     }
 
     pub(crate) fn note(&self, why: String) {

@@ -70,23 +70,9 @@ struct Round {
 impl NodeConns {
     fn conn(&mut self, sh: &Shared, node: &Node, deadline: Instant) -> Result<&mut Conn> {
         if !self.conns.contains_key(node) {
-            let endpoint = Endpoint::Tcp {
-                host: node.0.clone(),
-                port: node.1,
-            };
-            let by = deadline.min(Instant::now() + sh.cfg.connect_timeout);
-            match Conn::connect_to(&sh.target, &endpoint, by) {
-                Ok(c) => {
-                    if !self.ever_connected.insert(node.clone()) {
-                        Counters::add(&sh.stats.reconnects, 1);
-                    }
-                    self.conns.insert(node.clone(), c);
-                }
-                Err(e) => {
-                    Counters::add(&sh.stats.connect_failures, 1);
-                    return Err(e);
-                }
-            }
+            let c = connect(sh, node, deadline, self.ever_connected.contains(node))?;
+            self.ever_connected.insert(node.clone());
+            self.conns.insert(node.clone(), c);
         }
         let c = self.conns.get_mut(node).expect("inserted above");
         c.set_deadline(deadline);
@@ -107,7 +93,9 @@ impl NodeConns {
             self.conns.remove(node);
             cl.rest(node, sh.cfg.breaker_cooldown);
         }
-        sh.note(format!("cluster node {}:{}: {e}", node.0, node.1));
+        let name = crate::cluster::node_name(node);
+        sh.nodes.failed(&name);
+        sh.note(format!("cluster node {name}: {e}"));
         out.err = Some(e);
     }
 
@@ -131,9 +119,11 @@ impl NodeConns {
         runs
     }
 
-    /// Runs the pending items of `items` (their statuses in `st`) node by node with `run`.
+    /// Runs the pending items of `items` (their statuses in `st`) with `run`, every node's part
+    /// at once (each on a thread of its own but the first): a node that hangs holds up only its
+    /// own items, and the job takes as long as its slowest node, not the sum of them.
     #[allow(clippy::too_many_arguments)]
-    fn round<T>(
+    fn round<T: Send>(
         &mut self,
         sh: &Shared,
         cl: &ClusterState,
@@ -143,16 +133,59 @@ impl NodeConns {
         key: impl Fn(&T) -> &[u8],
         st: &mut [u8],
         deadline: Instant,
-        mut run: impl FnMut(&mut Conn, &Ctx<'_>, &mut [T], &mut [u8]) -> Result<()>,
+        store: bool,
+        run: impl Fn(&mut Conn, &Ctx<'_>, &mut [T], &mut [u8]) -> Result<()> + Sync,
     ) -> Round {
         let mut out = Round::default();
         let mut g = group(std::mem::take(items), |i, t| owner(map, st[i], key(t)));
-        for (node, range) in self.runs(cl, map, &g) {
-            let mut sub_st = vec![PENDING; range.len()];
-            let res = self
-                .conn(sh, node, deadline)
-                .and_then(|c| run(c, ctx, &mut g.items[range.clone()], &mut sub_st));
-            settle(&g, &range, &sub_st, st);
+        let runs = self.runs(cl, map, &g);
+        let parts: Vec<(&Node, Option<Conn>, bool)> = runs
+            .iter()
+            .map(|(node, _)| {
+                let known = self.ever_connected.contains(*node);
+                (*node, self.conns.remove(*node), known)
+            })
+            .collect();
+        let slices = split_runs(&mut g.items, runs.iter().map(|(_, r)| r.clone()));
+        let one = |(node, conn, known): (&Node, Option<Conn>, bool), part: &mut [T]| {
+            let x = sh.ctx();
+            let mut sub_st = vec![PENDING; part.len()];
+            let conn = match conn {
+                Some(c) => Ok(c),
+                None => connect(sh, node, deadline, known),
+            };
+            let (res, conn) = match conn {
+                Ok(mut c) => {
+                    c.set_deadline(deadline);
+                    (run(&mut c, &x, part, &mut sub_st), Some(c))
+                }
+                Err(e) => (Err(e), None),
+            };
+            (res, conn, sub_st, x.moved.take())
+        };
+        let results: Vec<_> = std::thread::scope(|scope| {
+            let mut work = parts.into_iter().zip(slices);
+            let first = work.next();
+            let others: Vec<_> = work
+                .map(|(p, part)| scope.spawn(move || one(p, part)))
+                .collect();
+            let mut results: Vec<_> = first.map(|(p, part)| one(p, part)).into_iter().collect();
+            results.extend(
+                others
+                    .into_iter()
+                    .map(|h| h.join().expect("a node's part never panics")),
+            );
+            results
+        });
+        for ((node, range), (res, conn, sub_st, moved)) in runs.iter().zip(results) {
+            ctx.moved.borrow_mut().extend(moved);
+            if let Some(c) = conn {
+                self.ever_connected.insert((*node).clone());
+                self.conns.insert((*node).clone(), c);
+            }
+            let name = crate::cluster::node_name(node);
+            sh.nodes.moved(&name, store, &sub_st, sh.layout.chunk_bytes);
+            settle(&g, range, &sub_st, st);
             match res {
                 Ok(()) => out.answered = true,
                 Err(e) => self.failed(sh, cl, node, e, &mut out),
@@ -257,6 +290,7 @@ impl NodeConns {
                     |it| &it.0,
                     st,
                     deadline,
+                    true,
                     |c, x, it, s| jobs::store(c, x, it, s),
                 ),
                 Work::Load(items) => self.round(
@@ -268,6 +302,7 @@ impl NodeConns {
                     |it| &it.0,
                     st,
                     deadline,
+                    false,
                     jobs::load,
                 ),
             };
@@ -321,6 +356,43 @@ impl NodeConns {
     }
 }
 
+/// Connects to `node` (counted: a reconnect if this worker had been connected to it before, or
+/// a connect failure).
+fn connect(sh: &Shared, node: &Node, deadline: Instant, reconnect: bool) -> Result<Conn> {
+    let endpoint = Endpoint::Tcp {
+        host: node.0.clone(),
+        port: node.1,
+    };
+    let by = deadline.min(Instant::now() + sh.cfg.connect_timeout);
+    match Conn::connect_to(&sh.target, &endpoint, by) {
+        Ok(c) => {
+            if reconnect {
+                Counters::add(&sh.stats.reconnects, 1);
+            }
+            Ok(c)
+        }
+        Err(e) => {
+            Counters::add(&sh.stats.connect_failures, 1);
+            Err(e)
+        }
+    }
+}
+
+/// The disjoint sub-slices of `items` at `ranges` (ascending, not overlapping).
+fn split_runs<T>(items: &mut [T], ranges: impl Iterator<Item = Range<usize>>) -> Vec<&mut [T]> {
+    let mut out = Vec::new();
+    let mut rest = items;
+    let mut at = 0;
+    for r in ranges {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - at);
+        let (part, tail) = tail.split_at_mut(r.len());
+        out.push(part);
+        rest = tail;
+        at = r.end;
+    }
+    out
+}
+
 fn owner(map: &SlotMap, status: u8, key: &[u8]) -> usize {
     if status != PENDING {
         SKIP
@@ -357,5 +429,14 @@ mod tests {
             ]
         );
         assert_eq!(ungroup(g), (0..10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn split_runs_gives_each_range_its_own_slice() {
+        let mut items: Vec<u32> = (0..10).collect();
+        let parts = split_runs(&mut items, [1..3, 3..4, 7..10].into_iter());
+        let got: Vec<Vec<u32>> = parts.iter().map(|p| p.to_vec()).collect();
+        assert_eq!(got, vec![vec![1, 2], vec![3], vec![7, 8, 9]]);
+        assert!(split_runs(&mut items, std::iter::empty()).is_empty());
     }
 }

@@ -1,7 +1,10 @@
-//! Counters shared by the workers, and their snapshot.
+//! Counters shared by the workers (the tier's, and each node's), and their snapshot.
 
 use crate::breaker::BreakerState;
+use crate::status::OK;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 macro_rules! counters {
     ($($name:ident),* $(,)?) => {
@@ -92,5 +95,73 @@ impl Counters {
                 Some(v.saturating_sub(n))
             });
         }
+    }
+}
+
+/// What one node (a cluster's primary, or the one server) moved, and how often it failed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    /// Jobs, or a job's part, that failed on this node: a connect, I/O, timeout, protocol or
+    /// server error.
+    pub failures: u64,
+    /// Left alone now after a failure: a cluster's node resting for the breaker's cool-down, the
+    /// one server while the tier's breaker is open.
+    pub resting: bool,
+}
+
+/// More nodes than a cluster has (about 1,000 at most): past it a new name is not counted, so a
+/// flapping topology cannot grow the metrics without bound.
+const MAX_NODE_NAMES: usize = 2048;
+
+/// [`NodeStats`] by node name (`host:port`), updated once per node per job.
+#[derive(Default)]
+pub(crate) struct PerNode(Mutex<BTreeMap<String, NodeStats>>);
+
+impl PerNode {
+    fn with(&self, node: &str, f: impl FnOnce(&mut NodeStats)) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = m.get_mut(node) {
+            f(s);
+        } else if m.len() < MAX_NODE_NAMES {
+            f(m.entry(node.to_string()).or_default());
+        }
+    }
+
+    /// A job's items that `node` settled with `statuses`: each `OK` moved one chunk.
+    pub(crate) fn moved(&self, node: &str, store: bool, statuses: &[u8], chunk_bytes: usize) {
+        let bytes = statuses.iter().filter(|&&s| s == OK).count() as u64 * chunk_bytes as u64;
+        if bytes > 0 {
+            self.with(node, |s| {
+                if store {
+                    s.bytes_written += bytes;
+                } else {
+                    s.bytes_read += bytes;
+                }
+            });
+        }
+    }
+
+    pub(crate) fn failed(&self, node: &str) {
+        self.with(node, |s| s.failures += 1);
+    }
+
+    /// Every node seen, and `also` (the nodes of the current map), with `resting` from `rests`.
+    pub(crate) fn snapshot(
+        &self,
+        also: impl IntoIterator<Item = String>,
+        rests: impl Fn(&str) -> bool,
+    ) -> Vec<(String, NodeStats)> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for node in also {
+            m.entry(node).or_default();
+        }
+        m.into_iter()
+            .map(|(node, mut s)| {
+                s.resting = rests(&node);
+                (node, s)
+            })
+            .collect()
     }
 }

@@ -11,7 +11,7 @@ use crate::format::{Layout, KEY_PREFIX};
 use crate::jobs::{self, CanaryOutcome};
 use crate::probe;
 use crate::queue::{Completion, Job, Queues, Shared, Work};
-use crate::stats::{Counters, Stats};
+use crate::stats::{Counters, NodeStats, PerNode, Stats};
 use crate::status::DROPPED;
 use crate::tls;
 use crate::url;
@@ -211,12 +211,16 @@ impl Tier {
             work_cv: Condvar::new(),
             done_cv: Condvar::new(),
             stats: Counters::default(),
+            nodes: PerNode::default(),
             last_error: Mutex::new(None),
             cfg,
         });
         let mut startup_error = None;
         if let Some(e) = unreachable {
             Counters::add(&sh.stats.connect_failures, 1);
+            if sh.cluster.is_none() {
+                sh.nodes.failed(&sh.server_name());
+            }
             sh.breaker.trip();
             Counters::add(&sh.stats.breaker_opens, 1);
             startup_error = Some(format!("{} unreachable: {e}", url::mask(&sh.cfg.url)));
@@ -400,6 +404,26 @@ impl Tier {
             (q.busy() as u64, q.store_bytes)
         };
         self.sh.stats.snapshot(jobs, bytes, self.sh.breaker.state())
+    }
+
+    /// Each node's stats by name (`host:port`): every primary of the current map and every
+    /// node that ever moved a byte or failed, or the one server.
+    pub fn node_stats(&self) -> Vec<(String, NodeStats)> {
+        match &self.sh.cluster {
+            Some(cl) => {
+                let resting = cl.resting_names();
+                let map = cl.map();
+                self.sh
+                    .nodes
+                    .snapshot(map.nodes.iter().map(crate::cluster::node_name), |n| {
+                        resting.iter().any(|r| r == n)
+                    })
+            }
+            None => {
+                let down = self.sh.breaker.state() == BreakerState::Down;
+                self.sh.nodes.snapshot([self.sh.server_name()], |_| down)
+            }
+        }
     }
 
     /// Stores `identity` under a canary key of this namespace unless one is there, and compares.

@@ -120,6 +120,17 @@ impl Worker {
             self.retry_at = None;
             result = self.attempt(sh, job, &mut st, deadline);
         }
+        if sh.cluster.is_none() {
+            // A cluster's nodes are counted by the routing, node by node.
+            let store = matches!(job.work, Work::Store(_));
+            if !matches!(job.work, Work::Lookup(_)) {
+                sh.nodes
+                    .moved(&sh.server_name(), store, &st, sh.layout.chunk_bytes);
+            }
+            if result.is_err() {
+                sh.nodes.failed(&sh.server_name());
+            }
+        }
         match result {
             Ok(()) => sh.breaker.success(),
             Err(e) => {

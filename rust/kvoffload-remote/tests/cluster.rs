@@ -52,6 +52,30 @@ fn chunks_spread_over_the_primaries_and_come_back_whole() {
         (st.stored_chunks, st.loaded_chunks, st.corrupt),
         (60, 60, 0)
     );
+    // Per node: the three primaries, each having moved its share, none failed.
+    let nodes = t.node_stats();
+    let names: Vec<String> = c
+        .primaries()
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let mut listed: Vec<String> = nodes.iter().map(|(n, _)| n.clone()).collect();
+    listed.sort();
+    let mut want = names.clone();
+    want.sort();
+    assert_eq!(listed, want);
+    let total = (60 * 64 * KB) as u64;
+    assert_eq!(
+        nodes.iter().map(|(_, s)| s.bytes_written).sum::<u64>(),
+        total
+    );
+    assert_eq!(nodes.iter().map(|(_, s)| s.bytes_read).sum::<u64>(), total);
+    assert!(
+        nodes
+            .iter()
+            .all(|(_, s)| s.bytes_written > 0 && s.failures == 0 && !s.resting),
+        "{nodes:?}"
+    );
 }
 
 #[test]
@@ -181,6 +205,14 @@ fn a_killed_primary_is_replaced_and_the_tier_recovers_without_a_restart() {
     };
     // A job fails by its deadline (0.5 s + bytes) while the primary is gone, never hangs.
     assert!(slowest < Duration::from_secs(3), "a load took {slowest:?}");
+    // The failures are the dead node's: the others served their chunks all along.
+    let nodes = t.node_stats();
+    let failed: Vec<&String> = nodes
+        .iter()
+        .filter(|(_, s)| s.failures > 0)
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(failed, vec![&format!("127.0.0.1:{victim}")], "{nodes:?}");
     eprintln!(
         "failover: every chunk loaded again {recovered:?} after the kill; slowest load {slowest:?}"
     );
@@ -232,8 +264,9 @@ fn a_frozen_primary_costs_only_its_own_chunks_and_the_tier_recovers() {
     // Hung, not dead: connections hang instead of being refused.
     c.nodes[idx].signal("-STOP");
     let frozen_at = Instant::now();
-    let mut others_served_while_frozen = false;
+    let mut attempts = 0;
     loop {
+        attempts += 1;
         let (st, bufs) = load(&t, &ks);
         for (i, s) in st.iter().enumerate() {
             if *s == OK {
@@ -243,8 +276,14 @@ fn a_frozen_primary_costs_only_its_own_chunks_and_the_tier_recovers() {
         if st == vec![OK; 24] {
             break;
         }
+        // Every node's part runs at once: even the first job that meets the frozen node, and
+        // waits its deadline out there, loads the other primaries' chunks. (Later, until the
+        // replica takes over, the whole cluster answers CLUSTERDOWN: full coverage is required.)
         let others_ok = st.iter().zip(&on_victim).all(|(s, v)| *v || *s == OK);
-        others_served_while_frozen |= others_ok;
+        assert!(
+            others_ok || attempts > 1,
+            "the first job lost the other primaries' chunks: {st:?}"
+        );
         assert!(
             frozen_at.elapsed() < Duration::from_secs(30),
             "never recovered: {st:?}, {:?}",
@@ -256,10 +295,7 @@ fn a_frozen_primary_costs_only_its_own_chunks_and_the_tier_recovers() {
         "frozen primary: every chunk loaded again {:?} after the freeze",
         frozen_at.elapsed()
     );
-    assert!(
-        others_served_while_frozen,
-        "the other primaries' chunks waited on the frozen one"
-    );
+    assert!(attempts > 1, "the frozen node's chunks loaded at once");
     c.nodes[idx].signal("-CONT");
 }
 

@@ -6,7 +6,7 @@ use common::tier::{config, keys, load, lookup, store, submit_load, submit_store,
 use common::{pattern, redis_key, Reply};
 use kvoffload_remote::format::{Header, Layout};
 use kvoffload_remote::status::*;
-use kvoffload_remote::{BreakerState, CanaryOutcome, RemoteError, Tier};
+use kvoffload_remote::{BreakerState, CanaryOutcome, NodeStats, RemoteError, Tier};
 use std::time::{Duration, Instant};
 
 const KB: usize = 1024;
@@ -37,6 +37,18 @@ fn round_trip(url: &str, chunk: usize, n: usize) {
     );
     assert_eq!(s.bytes_read, (n * chunk) as u64);
     assert_eq!(store(&t, &ks, &data), vec![EXISTS; n]);
+    // The one server is the one node; a chunk already there moved nothing.
+    let moved = (n * chunk) as u64;
+    let want = NodeStats {
+        bytes_written: moved,
+        bytes_read: moved,
+        failures: 0,
+        resting: false,
+    };
+    let [(_, node)] = &t.node_stats()[..] else {
+        panic!("one server, one node")
+    };
+    assert_eq!(node, &want);
 }
 
 #[test]
@@ -44,6 +56,9 @@ fn round_trip_many_chunks() {
     let Some(s) = server!() else { return };
     round_trip(&s.url(), 256 * KB, 64);
     round_trip(&s.url(), 2 * MB, 6);
+    // Named in the per-node stats as `host:port`, whatever else the url holds.
+    let t = Tier::connect(config(&s.url(), 2 * MB), NS).unwrap();
+    assert_eq!(t.node_stats()[0].0, format!("127.0.0.1:{}", s.port));
 }
 
 #[test]
@@ -313,9 +328,15 @@ fn server_killed_mid_load_then_restarted() {
     assert_eq!(t.state(), BreakerState::Down);
     let st = t.stats();
     assert!(st.breaker_opens >= 1 && st.connect_failures >= 1, "{st:?}");
+    let [(_, node)] = &t.node_stats()[..] else {
+        panic!("one server, one node")
+    };
+    // The load, and the stores until the breaker opened (three failures by default).
+    assert!(node.resting && node.failures >= 3, "{node:?}");
     s.spawn();
     recovers(&t, chunk);
     assert_eq!(t.state(), BreakerState::Up);
+    assert!(!t.node_stats()[0].1.resting);
     assert_eq!(load(&t, &ks[..2]).0, vec![MISSING; 2]);
 }
 
