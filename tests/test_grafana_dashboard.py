@@ -61,12 +61,24 @@ def _name_prefixes(tree: ast.Module, factory: str) -> set[str]:
         ):
             continue
         for kw in node.keywords:
-            if kw.arg == "name":
-                assert isinstance(kw.value, ast.JoinedStr), ast.dump(kw.value)
+            # The per-node metrics are `_NODE_METRIC + name` (read by `_node_metrics`).
+            if kw.arg == "name" and isinstance(kw.value, ast.JoinedStr):
                 head = kw.value.values[0]
                 assert isinstance(head, ast.Constant), ast.dump(head)
                 prefixes.add(head.value)
     return prefixes
+
+
+def _node_metrics(tree: ast.Module) -> dict[str, str]:
+    """The per-node metrics of a module: `_NODE_METRIC` + each name of `_NODE_COUNTERS` and
+    `_NODE_GAUGES`."""
+    prefix = _module_literal(tree, "_NODE_METRIC")
+    counters = _module_literal(tree, "_NODE_COUNTERS")
+    gauges = _module_literal(tree, "_NODE_GAUGES")
+    assert isinstance(prefix, str) and isinstance(counters, dict) and isinstance(gauges, dict)
+    out = {scraped(prefix + n, "counter"): "counter" for n in counters}
+    out.update({scraped(prefix + n, "gauge"): "gauge" for n in gauges})
+    return out
 
 
 def connector_metrics() -> dict[str, str]:
@@ -79,6 +91,7 @@ def connector_metrics() -> dict[str, str]:
     (gauge_prefix,) = _name_prefixes(tree, "_gauge_cls")
     out = {scraped(counter_prefix + n, "counter"): "counter" for n in counters}
     out.update({scraped(gauge_prefix + n, "gauge"): "gauge" for n in gauges})
+    out.update(_node_metrics(tree))
     return out
 
 
@@ -114,11 +127,14 @@ def redis_tier_metrics() -> dict[str, str]:
         if not (isinstance(func, ast.Name) and func.id == "OffloadingGaugeMetadata"):
             continue
         (target,) = node.targets
+        if "_NODE_METRIC" in ast.unparse(target):
+            continue  # `_node_metrics`
         assert isinstance(target, ast.Subscript)
         key = target.slice
         assert isinstance(key, ast.BinOp) and isinstance(key.right, ast.Constant)
         assert isinstance(key.left, ast.Name) and key.left.id == "_METRIC"
         out[scraped(prefix + key.right.value, "gauge")] = "gauge"
+    out.update(_node_metrics(tree))
     return out
 
 
@@ -167,8 +183,12 @@ def test_the_sources_give_the_expected_names():
     assert names["kvoffload:redis_tier_breaker_state"] == "gauge"
     assert "vllm:kvoffload_hit_tokens" not in names
     assert "kvoffload:redis_tier_breaker_state_total" not in names
-    assert len(connector_metrics()) == 18
-    assert len(redis_tier_metrics()) == 6
+    assert names["vllm:kvoffload_remote_node_bytes_read_total"] == "counter"
+    assert names["vllm:kvoffload_remote_node_resting"] == "gauge"
+    assert names["kvoffload:redis_tier_node_failures_total"] == "counter"
+    assert names["kvoffload:redis_tier_node_resting"] == "gauge"
+    assert len(connector_metrics()) == 18 + 4
+    assert len(redis_tier_metrics()) == 6 + 4
 
 
 def test_suffix_rule_is_prometheus_clients():
@@ -264,7 +284,7 @@ def test_vllm_scrapes_these_names():
     )
 
     from kvoffload.vllm.redis_tier import _BREAKER_STATES
-    from kvoffload.vllm.stats import KVOffloadPromMetrics
+    from kvoffload.vllm.stats import NODES, KVOffloadPromMetrics
 
     registry = prometheus_client.CollectorRegistry()
     metric_types = {
@@ -275,14 +295,21 @@ def test_vllm_scrapes_these_names():
     extra = {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [tier]}
     config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra))
     labelnames, per_engine = ["model_name", "engine"], {0: ["m", "0"]}
-    KVOffloadPromMetrics(config, metric_types, labelnames, per_engine)
+    connector = KVOffloadPromMetrics(config, metric_types, labelnames, per_engine)
+    # The per-node series appear once a node is reported (their `node` label bound then).
+    report = dict.fromkeys(("bytes_written", "bytes_read", "failures", "resting"), 1)
+    connector.observe({NODES: {"h:1": report}})
     offloading = OffloadPromMetrics(config, metric_types, labelnames, per_engine)
     # RedisTier's series appear once observed (vLLM binds their `tier` label on first use).
     created = {name.removesuffix("_total"): kind for name, kind in redis_tier_metrics().items()}
+
+    def labels(name: str) -> tuple[str, ...]:
+        return ("RedisTier", "h:1") if "_node_" in name else ("RedisTier",)
+
     offloading.observe(
         {
             "types": created,
-            "data": {name: {("RedisTier",): _BREAKER_STATES["down"]} for name in created},
+            "data": {name: {labels(name): _BREAKER_STATES["down"]} for name in created},
         }
     )
     text = prometheus_client.generate_latest(registry).decode()
@@ -296,3 +323,6 @@ def test_vllm_scrapes_these_names():
         'engine="0",model_name="m",tier="RedisTier"}'
     )
     assert samples["vllm:kvoffload_lookups_total"].startswith('engine="0",model_name="m"}')
+    assert samples["vllm:kvoffload_remote_node_resting"].startswith(
+        'engine="0",model_name="m",node="h:1"}'
+    )

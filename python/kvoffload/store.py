@@ -154,7 +154,7 @@ class CpuStore:
     store that does not fit is "cannot store now".
     """
 
-    __slots__ = ("_inner",)
+    __slots__ = ("_inner", "enable_events")
 
     def __init__(
         self,
@@ -184,6 +184,7 @@ class CpuStore:
         ):
             raise TypeError(f"usable_slots must be an int or None, got {usable_slots!r}")
         self._inner = _rust.Store(n, eviction_policy, bool(enable_events), usable_slots)
+        self.enable_events = bool(enable_events)
 
     @property
     def num_slots(self) -> int:

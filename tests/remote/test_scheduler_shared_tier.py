@@ -44,8 +44,10 @@ def put_remote(url: str, keys: list[bytes]) -> None:
     writer.close()
 
 
-def make_tier(url: str, num_slots: int, world_size: int = 2, **options: object):
-    store = CpuStore(num_slots)
+def make_tier(
+    url: str, num_slots: int, world_size: int = 2, events: bool = False, **options: object
+):
+    store = CpuStore(num_slots, enable_events=events)
     stats = SchedulerStats()
     lookups = RemoteLookups(remote_client(url))
     tier = SharedTier(store, lookups, stats, world_size=world_size, **options)
@@ -244,6 +246,11 @@ def test_one_report_for_both_workers_ends_a_promotion(redis):
     assert not tier.has_work
 
 
+def wrote(*in_tier: int) -> tuple[int, bytes]:
+    """One writer's report of a cascade: shards written, and per key 1 if it is in the tier."""
+    return sum(in_tier), bytes(in_tier)
+
+
 # --- stored / cascaded ----------------------------------------------------------------------------
 
 
@@ -262,10 +269,10 @@ def test_a_completed_store_is_pinned_and_cascaded_until_both_workers_report(redi
     assert job.slots.tolist() == slots.tolist()
     assert tier.take_jobs() == ([], [])  # handed out once
 
-    tier.cascaded(job.job_id, 1, 3, 0)
+    tier.cascaded(job.job_id, 1, *wrote(1, 1, 1))
     assert store.stats().pinned == 3
     assert tier.has_work
-    tier.cascaded(job.job_id, 1, 1, 2)
+    tier.cascaded(job.job_id, 1, *wrote(1, 0, 0))
     assert store.stats().pinned == 0
     assert statuses(store, ks) == [READY] * 3
     assert stats.remote_shards_written == 4
@@ -301,15 +308,15 @@ def test_past_max_cascade_slots_a_store_waits_its_turn_in_store_order(redis):
     assert tier.take_jobs() == ([], [])  # k2 waits for a pin to end
     assert tier.has_work
 
-    tier.cascaded(first.job_id, 1, 2, 0)
+    tier.cascaded(first.job_id, 1, *wrote(1, 1))
     assert store.stats().pinned == 2 and tier.take_jobs() == ([], [])
-    tier.cascaded(first.job_id, 1, 2, 0)
+    tier.cascaded(first.job_id, 1, *wrote(1, 1))
     assert store.stats().pinned == 1
     _, (second,) = tier.take_jobs()
     assert second.keys.to_list() == ks.to_list()[2:]
     assert tier.has_work
-    tier.cascaded(second.job_id, 1, 1, 0)
-    tier.cascaded(second.job_id, 1, 0, 1)
+    tier.cascaded(second.job_id, 1, *wrote(1))
+    tier.cascaded(second.job_id, 1, *wrote(0))
     assert store.stats().pinned == 0
     assert stats.remote_shards_written == 5 and stats.remote_writes_dropped == 1
     assert not tier.has_work
@@ -329,19 +336,19 @@ def test_the_backlog_drops_its_oldest_keys_past_num_slots_and_evicted_ones_at_th
     assert stats.remote_writes_dropped == 2
     assert store.stats().used_slots == 4  # b0..b2, and a0's slot, held until its write ends
 
-    tier.cascaded(job_a0.job_id, 1, 1, 0)
+    tier.cascaded(job_a0.job_id, 1, *wrote(1))
     assert store.stats().used_slots == 3 and store.stats().pinned == 1  # a0 gone, b0 pinned
     assert stats.remote_writes_dropped == 3  # a3's turn: it was evicted
     _, (job_b0,) = tier.take_jobs()
     assert job_b0.keys.to_list() == b.to_list()[:1]
-    tier.cascaded(job_b0.job_id, 1, 1, 0)
+    tier.cascaded(job_b0.job_id, 1, *wrote(1))
     _, (job_b1,) = tier.take_jobs()
     assert job_b1.keys.to_list() == b.to_list()[1:2]
-    tier.cascaded(job_b1.job_id, 1, 1, 0)
+    tier.cascaded(job_b1.job_id, 1, *wrote(1))
     _, (job_b2,) = tier.take_jobs()
     assert job_b2.keys.to_list() == b.to_list()[2:]
     assert tier.has_work
-    tier.cascaded(job_b2.job_id, 1, 1, 0)
+    tier.cascaded(job_b2.job_id, 1, *wrote(1))
     assert not tier.has_work
     assert stats.remote_shards_written == 4 and stats.remote_writes_dropped == 3
     assert store.stats().pinned == 0 and statuses(store, b) == [READY] * 3
@@ -355,11 +362,56 @@ def test_a_chunk_the_scheduler_drops_counts_one_shard_per_worker(redis):
     tier.stored(ks)  # k0 pinned, k1 waits
     _, (job,) = tier.take_jobs()
     store.reset()  # k1 leaves the CPU tier before its turn: neither worker will write it
-    tier.cascaded(job.job_id, 1, 1, 0)
-    tier.cascaded(job.job_id, 1, 0, 1)  # worker 1 did not write its shard of k0: 1 shard
+    tier.cascaded(job.job_id, 1, *wrote(1))
+    tier.cascaded(job.job_id, 1, *wrote(0))  # worker 1 did not write its shard of k0: 1 shard
     assert stats.remote_shards_written == 1
     # Shards not written: k0's one, and both of k1's.
     assert stats.remote_writes_dropped == 1 + 2
+
+
+def test_with_one_writer_a_cascade_ends_on_its_report_and_counts_one_shard_per_chunk(redis):
+    # TP=2 on MLA: both ranks hold the same bytes, rank 0 alone writes them.
+    tier, store, stats, _ = make_tier(redis.url, num_slots=8, writers=1, max_cascade_slots=2)
+    ks = chunk_keys(3, salt=16)
+    fill(store, ks)
+    tier.stored(ks)
+    _, (job,) = tier.take_jobs()
+    assert job.keys.to_list() == ks.to_list()[:2]  # k2 waits for the budget
+    store.reset()  # k2 leaves the CPU tier before its turn: one shard is not written, not two
+    tier.cascaded(job.job_id, 1, *wrote(1, 0))
+    assert not tier.has_work and store.stats().pinned == 0
+    assert (stats.remote_shards_written, stats.remote_writes_dropped) == (1, 1 + 1)
+
+
+def test_events_name_chunks_every_writer_put_in_the_tier_and_promotions_that_failed(redis):
+    ks = chunk_keys(4, salt=17)
+    tier, store, _, _ = make_tier(redis.url, num_slots=8, events=True)
+    fill(store, ks.view(0, 3))
+    tier.stored(ks.view(0, 3))
+    _, (job,) = tier.take_jobs()
+    tier.cascaded(job.job_id, 1, *wrote(1, 1, 0))
+    assert tier.take_events() == []  # the other writer has not reported
+    tier.cascaded(job.job_id, 1, *wrote(0, 1, 0))
+    (event,) = tier.take_events()
+    assert (event.kind, event.keys) == ("stored", ks.to_list()[1:2])  # only k1 is whole there
+    assert tier.take_events() == []
+
+    put_remote(redis.url, ks.to_list()[3:])
+    rank = store.new_rank()
+    _, (promotion,), _ = step_until_answered(tier, "r", ks, 0, 3, 4, rank)
+    tier.promoted(promotion.job_id, 2, bytes([0]))  # k3 evicted under the engine's feet
+    (event,) = tier.take_events()
+    assert (event.kind, event.keys) == ("removed", ks.to_list()[3:])
+
+
+def test_without_events_the_tier_records_none(redis):
+    tier, store, _, _ = make_tier(redis.url, num_slots=8)
+    ks = chunk_keys(1, salt=18)
+    fill(store, ks)
+    tier.stored(ks)
+    _, (job,) = tier.take_jobs()
+    tier.cascaded(job.job_id, 2, *wrote(2))
+    assert tier.take_events() == [] and not tier.has_work
 
 
 # --- has_work ------------------------------------------------------------------------------------
@@ -388,9 +440,9 @@ def test_has_work_until_lookups_promotions_and_cascades_have_all_ended(redis):
     assert tier.has_work  # a cascade not yet handed out
     _, (cascade,) = tier.take_jobs()
     assert tier.has_work  # handed out, not yet ended
-    tier.cascaded(cascade.job_id, 1, 2, 0)
+    tier.cascaded(cascade.job_id, 1, *wrote(1, 1))
     assert tier.has_work
-    tier.cascaded(cascade.job_id, 1, 2, 0)
+    tier.cascaded(cascade.job_id, 1, *wrote(1, 1))
     assert not tier.has_work
     assert lookups.lookup(ks.to_list()[0], "r") is True
     tier.finish_request("r")  # its verdicts are dropped: a new request asks the server anew

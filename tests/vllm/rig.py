@@ -23,9 +23,10 @@ does (`_run_states`) and checks the state each step reads.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ from vllm.config import (
     set_current_vllm_config,
 )
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_planning import (
@@ -59,6 +61,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheSpec,
     KVCacheTensor,
     MambaSpec,
+    MLAAttentionSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
@@ -66,6 +69,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from kvoffload.vllm import worker_side
 from vllm import SamplingParams
 
 TPB = 4  # tokens per GPU block
@@ -166,6 +170,9 @@ class Rig:
     external_hits: dict[str, int] = field(default_factory=dict)
     """Tokens vLLM reports as loaded by the connector, per request (its prefill stats)."""
     finished_sending: list[tuple[int, set[str]]] = field(default_factory=list)
+    connector_stats: list[dict[str, Any]] = field(default_factory=list)
+    """The connector's stats in each step's scheduler stats (workers' and scheduler's, merged by
+    vLLM), as its stat loggers and Prometheus receive them."""
     scheduled: list[dict[str, int]] = field(default_factory=list)
     checked_positions: dict[str, int] = field(default_factory=dict)
     before_worker: Callable[[Rig, SchedulerOutput], None] | None = None
@@ -182,6 +189,16 @@ class Rig:
     loaded_keys: dict[str, list[bytes]] = field(default_factory=dict)
     _pending: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
     _tables: dict[str, tuple[list[int], ...]] = field(default_factory=dict)
+    ranks: list[tuple[Any, dict[str, torch.Tensor], int]] = field(default_factory=list)
+    """With tensor parallelism (`make_rig(tp=...)`): per TP rank, its worker, its KV caches and
+    the salt of its values (0 on every rank where the KV is replicated, as with MLA)."""
+    _aggregator: KVOutputAggregator | None = None
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            self.ranks = [(self.worker, self.kv_caches, 0)]
+        if len(self.ranks) > 1:
+            self._aggregator = KVOutputAggregator(len(self.ranks))
 
     @property
     def mamba_groups(self) -> list[int]:
@@ -234,8 +251,9 @@ class Rig:
 
     def reset_gpu_prefix_cache(self) -> None:
         assert self.scheduler.reset_prefix_cache()
-        for t in self.kv_caches.values():
-            t.zero_()
+        for _, caches, _ in self.ranks:
+            for t in caches.values():
+                t.zero_()
 
     def offsets_stored(self, rid: str) -> set[int]:
         return {o for s in self.stores if s.request_id == rid for o in s.block_offsets}
@@ -274,6 +292,9 @@ class Rig:
     def _apply(self, so: SchedulerOutput, mro: ModelRunnerOutput) -> None:
         out = self.scheduler.update_from_output(so, mro)
         for eco in out.values():
+            stats = eco.scheduler_stats
+            if stats is not None and stats.kv_connector_stats:
+                self.connector_stats.append(stats.kv_connector_stats)
             for o in eco.outputs:
                 self.outputs[o.request_id].extend(o.new_token_ids)
                 if o.prefill_stats is not None:
@@ -286,19 +307,32 @@ class Rig:
         self._record(so, meta)
         if self.before_worker is not None:
             self.before_worker(self, so)
-        w = self.worker
-        w.handle_preemptions(meta)
-        w.bind_connector_metadata(meta)
-        if so.has_sync_kv_loads:
-            w.start_load_kv(None)
+        workers = [w for w, _, _ in self.ranks]
+        for w in workers:
+            w.handle_preemptions(meta)
+            w.bind_connector_metadata(meta)
+            if so.has_sync_kv_loads:
+                w.start_load_kv(None)
         req_ids, sampled = self._forward(so)
+        outputs = [self._worker_output(w, so, req_ids, sampled) for w in workers]
+        if self._aggregator is None:
+            mro = outputs[0]
+        else:  # vLLM's own merge of its workers' outputs
+            mro = self._aggregator.aggregate(outputs)
+        kv_out = mro.kv_connector_output
+        if kv_out is not None and kv_out.finished_sending:
+            self.finished_sending.append((self.step, set(kv_out.finished_sending)))
+        return mro
+
+    def _worker_output(
+        self, w: Any, so: SchedulerOutput, req_ids: list[str], sampled: list[list[int]]
+    ) -> ModelRunnerOutput:
+        """One worker's half of a step after the forward pass, in the model runner's order."""
         if not so.has_sync_kv_loads:
             w.start_load_kv(None)
         if not self.spec_decode_order:
             w.wait_for_save()
         results = w.get_transfer_results(so.finished_req_ids)
-        if results.finished_sending:
-            self.finished_sending.append((self.step, set(results.finished_sending)))
         kv_out = KVConnectorOutput(
             finished_sending=results.finished_sending or None,
             finished_recving=results.finished_recving or None,
@@ -431,36 +465,39 @@ class Rig:
                 state[table[curr]].view(torch.int16).fill_(kv_value(hashes[end - 1], layer))
 
     def _write(self, tables: tuple[list[int], ...], pos: int, h: int) -> None:
-        layers = list(self.kv_caches.values())
-        for g, (table, members) in enumerate(zip(tables, self.layer_groups, strict=True)):
-            if g in self.mamba_groups:
-                continue
-            assert table[pos // self.tpb] != 0, f"position {pos} is computed into the null block"
-            for layer in members:
-                self._slot(layers[layer], table, pos).fill_(kv_value(h, layer))
+        for _, caches, salt in self.ranks:
+            layers = list(caches.values())
+            for g, (table, members) in enumerate(zip(tables, self.layer_groups, strict=True)):
+                if g in self.mamba_groups:
+                    continue
+                assert table[pos // self.tpb] != 0, f"position {pos} computed into the null block"
+                for layer in members:
+                    self._slot(layers[layer], table, pos).fill_(kv_value(h, layer + salt))
 
     def _check(self, rid: str, tables: tuple[list[int], ...], hashes: list[int], upto: int) -> None:
         """What each group's attention reads before computing position `upto`: every earlier
         position, or a sliding window's last `window - 1`."""
-        layers = list(self.kv_caches.values())
-        for g, (table, members) in enumerate(zip(tables, self.layer_groups, strict=True)):
-            kind, size = self.attends[g]
-            if kind == "mamba":
-                continue  # `_run_states`
-            first = 0
-            if kind == "sliding":
-                first = max(0, upto - (size - 1))
-            elif kind == "chunked_local":
-                first = upto // size * size
-            for pos in range(first, upto):
-                for layer in members:
-                    got = self._slot(layers[layer], table, pos)
-                    want = kv_value(hashes[pos], layer)
-                    if not bool((got == want).all()):
-                        raise AssertionError(
-                            f"step {self.step}: request {rid} position {pos} (group {g}, block "
-                            f"{table[pos // self.tpb]}) layer {layer} holds wrong KV"
-                        )
+        for rank, (_, caches, salt) in enumerate(self.ranks):
+            layers = list(caches.values())
+            for g, (table, members) in enumerate(zip(tables, self.layer_groups, strict=True)):
+                kind, size = self.attends[g]
+                if kind == "mamba":
+                    continue  # `_run_states`
+                first = 0
+                if kind == "sliding":
+                    first = max(0, upto - (size - 1))
+                elif kind == "chunked_local":
+                    first = upto // size * size
+                for pos in range(first, upto):
+                    for layer in members:
+                        got = self._slot(layers[layer], table, pos)
+                        want = kv_value(hashes[pos], layer + salt)
+                        if not bool((got == want).all()):
+                            raise AssertionError(
+                                f"step {self.step}: request {rid} position {pos} (group {g}, "
+                                f"block {table[pos // self.tpb]}) layer {layer} of TP rank "
+                                f"{rank} holds wrong KV"
+                            )
         self.checked_positions[rid] = max(self.checked_positions.get(rid, 0), upto)
 
 
@@ -483,11 +520,19 @@ def make_rig(
     geometry: str = "full",
     window: int = 20,
     retention_interval: int | None = 0,
+    tp: int = 1,
+    mla: bool = False,
 ) -> Rig:
     """A scheduler and one worker with `connector`: "kvoffload" (ours), "spec" (vLLM's
     OffloadingConnector with our KVOffloadSpec: our manager and copy worker), or "vllm" (vLLM's
     OffloadingConnector with its CPU spec; `vllm_worker(canonical_kv_caches, spec)` stands in
-    for its CUDA-only copy worker)."""
+    for its CUDA-only copy worker).
+
+    `tp`: that many workers (our connector only), one per TP rank, each with KV caches of its
+    own holding values of its own; vLLM's `KVOutputAggregator` merges their outputs. `mla`: the
+    group is vLLM's `MLAAttentionSpec` (one 128-wide latent vector per token: the same bytes per
+    block as the 2 x 2 x 32 K/V layout, which the tensors keep), and every rank holds the same
+    values, as MLA's replicated latent cache does."""
     tpb = tokens_per_block
     page_bytes = 2 * tpb * NUM_KV_HEADS * HEAD_SIZE * 2
     # One block of each group shares its memory with the other groups' (vLLM's hybrid layout).
@@ -549,6 +594,21 @@ def make_rig(
         return _hybrid_rig(
             vllm_config, geometry, window, num_gpu_blocks, connector, vllm_worker, is_async, verify
         )
+    if tp > 1:
+        assert connector == "kvoffload", "one worker per TP rank is built for our connector"
+        vllm_config.parallel_config.tensor_parallel_size = tp
+        vllm_config.parallel_config.world_size = tp
+    spec: FullAttentionSpec = FullAttentionSpec(
+        block_size=tpb, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, dtype=torch.float16
+    )
+    if mla:
+        spec = MLAAttentionSpec(
+            block_size=tpb,
+            num_kv_heads=1,
+            head_size=2 * NUM_KV_HEADS * HEAD_SIZE,
+            dtype=torch.float16,
+        )
+    assert spec.page_size_bytes == page_bytes
     kv_cache_config = KVCacheConfig(
         num_blocks=num_gpu_blocks,
         # One backing allocation, layer after layer, as vLLM describes it.
@@ -560,32 +620,51 @@ def make_rig(
                 block_stride=page_bytes,
             )
         ],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                list(LAYERS),
-                FullAttentionSpec(
-                    block_size=tpb,
-                    num_kv_heads=NUM_KV_HEADS,
-                    head_size=HEAD_SIZE,
-                    dtype=torch.float16,
-                ),
-            )
-        ],
+        kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)],
     )
-    kv_caches = {
-        name: torch.zeros((num_gpu_blocks, 2, tpb, NUM_KV_HEADS, HEAD_SIZE), dtype=torch.float16)
-        for name in LAYERS
-    }
-    worker = _worker(vllm_config, kv_cache_config, kv_caches, connector, vllm_worker)
-    scheduler = _scheduler(vllm_config, kv_cache_config, is_async, worker)
+    ranks = []
+    for rank in range(tp):
+        kv_caches = {
+            name: torch.zeros(
+                (num_gpu_blocks, 2, tpb, NUM_KV_HEADS, HEAD_SIZE), dtype=torch.float16
+            )
+            for name in LAYERS
+        }
+        with _as_rank(rank):
+            worker = _worker(vllm_config, kv_cache_config, kv_caches, connector, vllm_worker)
+        ranks.append((worker, kv_caches, 0 if mla else 100 * rank))
+    scheduler = _scheduler(vllm_config, kv_cache_config, is_async, [w for w, _, _ in ranks])
     bpc = chunk_tokens // tpb
-    return Rig(scheduler, worker, kv_caches, vllm_config, is_async, tpb=tpb, verify=verify, bpc=bpc)
+    worker, kv_caches, _ = ranks[0]
+    return Rig(
+        scheduler,
+        worker,
+        kv_caches,
+        vllm_config,
+        is_async,
+        tpb=tpb,
+        verify=verify,
+        bpc=bpc,
+        ranks=ranks,
+    )
+
+
+@contextlib.contextmanager
+def _as_rank(rank: int) -> Iterator[None]:
+    """Builds a worker that says it is TP rank `rank`: vLLM's parallel state, where a real
+    worker reads it, needs torch.distributed."""
+    saved = worker_side.worker_rank
+    worker_side.worker_rank = lambda: rank
+    try:
+        yield
+    finally:
+        worker_side.worker_rank = saved
 
 
 def _scheduler(
-    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, is_async: bool, worker: Any
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, is_async: bool, workers: list[Any]
 ) -> Any:
-    """Built after the worker has registered its KV caches, then given the worker's handshake
+    """Built after the workers have registered their KV caches, then given their handshake
     metadata before the first step, as vLLM's EngineCore does."""
     cls = AsyncScheduler if is_async else Scheduler
     scheduler = cls(
@@ -595,10 +674,10 @@ def _scheduler(
         block_size=vllm_config.cache_config.block_size,
         log_stats=True,
     )
-    # EngineCore._set_kv_connector_handshake_metadata, for one worker at (pp_rank, tp_rank) 0, 0.
-    metadata = worker.get_handshake_metadata()
-    if metadata is not None:
-        scheduler.get_kv_connector().set_xfer_handshake_metadata_pp_aware({(0, 0): metadata})
+    # EngineCore._set_kv_connector_handshake_metadata: keyed by (pp_rank, tp_rank).
+    metadata = {(0, tp): w.get_handshake_metadata() for tp, w in enumerate(workers)}
+    if all(m is not None for m in metadata.values()):
+        scheduler.get_kv_connector().set_xfer_handshake_metadata_pp_aware(metadata)
     return scheduler
 
 
@@ -714,7 +793,7 @@ def _hybrid_rig(
     ]
     attends = [_attended(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
     worker = _worker(vllm_config, kv_cache_config, kv_caches, connector, vllm_worker)
-    scheduler = _scheduler(vllm_config, kv_cache_config, is_async, worker)
+    scheduler = _scheduler(vllm_config, kv_cache_config, is_async, [worker])
     bpc = vllm_config.kv_transfer_config.kv_connector_extra_config["block_size"] // tpb
     return Rig(
         scheduler,

@@ -3,10 +3,9 @@ counting, stats and Prometheus counters."""
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import pytest
 import torch
+from prom_recorder import Recorder
 from rig import make_rig, prompt
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -183,49 +182,34 @@ def test_stats_aggregate_and_rebuild():
     assert KVOffloadStats(data={"hit_tokens": 0}).is_empty()
 
 
-class _Counter:
-    made: ClassVar[dict[str, _Counter]] = {}
-
-    def __init__(self, name, documentation, labelnames):
-        self.name, self.values = name, {}
-        _Counter.made[name] = self
-
-    def labels(self, *values):
-        counter = self
-
-        class _Child:
-            def inc(self, v):
-                counter.values[values] = counter.values.get(values, 0) + v
-
-            def set(self, v):
-                counter.values[values] = v
-
-        return _Child()
-
-
 def test_prometheus_counters(model_dir):
-    from prometheus_client import Counter, Gauge, Histogram
-
     rig = make_rig(model_dir)
-    types = {Counter: _Counter, Gauge: _Counter, Histogram: object}
+    types = Recorder.reset()
     prom = KVOffloadConnector.build_prom_metrics(
         rig.vllm_config, types, ["model_name", "engine"], {0: ["tiny", "0"]}
     )
     prom.observe({"hit_tokens": 48, "bytes_loaded": 1024, "lookups": 0})
     prom.observe({"hit_tokens": 12})
-    assert _Counter.made["vllm:kvoffload_hit_tokens"].values == {("tiny", "0"): 60}
-    assert _Counter.made["vllm:kvoffload_bytes_loaded"].values == {("tiny", "0"): 1024}
-    assert _Counter.made["vllm:kvoffload_lookups"].values == {}
+    assert Recorder.made["vllm:kvoffload_hit_tokens"].values == {("tiny", "0"): 60}
+    assert Recorder.made["vllm:kvoffload_bytes_loaded"].values == {("tiny", "0"): 1024}
+    assert Recorder.made["vllm:kvoffload_lookups"].values == {}
     # Gauges hold the latest value: the CPU tier's usable bytes as its pool is pinned.
     prom.observe({"cpu_tier_usable_bytes": 1 << 20, "cpu_tier_ready_ratio": 0.25})
     prom.observe({"cpu_tier_usable_bytes": 4 << 20, "cpu_tier_ready_ratio": 1.0})
-    assert _Counter.made["vllm:kvoffload_cpu_tier_usable_bytes"].values == {("tiny", "0"): 4 << 20}
-    assert _Counter.made["vllm:kvoffload_cpu_tier_ready_ratio"].values == {("tiny", "0"): 1.0}
+    assert Recorder.made["vllm:kvoffload_cpu_tier_usable_bytes"].values == {("tiny", "0"): 4 << 20}
+    assert Recorder.made["vllm:kvoffload_cpu_tier_ready_ratio"].values == {("tiny", "0"): 1.0}
 
 
 def test_worker_reports_of_the_shared_tier_aggregate_per_key_and_by_sum():
-    one = KVOffloadWorkerMetadata(promoted={7: (1, bytes([1, 0, 1]))}, cascaded={3: (1, 4, 0)})
-    other = KVOffloadWorkerMetadata(promoted={7: (1, bytes([1, 1, 0]))}, cascaded={3: (1, 2, 2)})
+    one = KVOffloadWorkerMetadata(
+        promoted={7: (1, bytes([1, 0, 1]))}, cascaded={3: (1, 4, bytes([1, 1, 1, 1]))}
+    )
+    other = KVOffloadWorkerMetadata(
+        promoted={7: (1, bytes([1, 1, 0]))}, cascaded={3: (1, 2, bytes([0, 1, 1, 0]))}
+    )
     both = one.aggregate(other)
     assert both.promoted == {7: (2, bytes([1, 0, 0]))}  # filled only where both filled it
-    assert both.cascaded == {3: (2, 6, 2)}
+    # Shards written add up; a chunk is in the tier only where every writer put its shard.
+    assert both.cascaded == {3: (2, 6, bytes([0, 1, 1, 0]))}
+    alone = KVOffloadWorkerMetadata(cascaded={5: (1, 1, bytes([1]))})
+    assert one.aggregate(alone).cascaded == {3: (1, 4, bytes([1, 1, 1, 1])), 5: (1, 1, b"\x01")}

@@ -13,10 +13,13 @@ import logging
 import time
 
 import pytest
+from prom_recorder import Recorder
 from rig import Rig, make_rig, prompt
+from vllm.distributed.kv_events import BlockStored
 from vllm.v1.request import RequestStatus
 
 from kvoffload import ConfigError, NotSupportedError
+from kvoffload.vllm import KVOffloadConnector
 from redis_server import RedisServer, free_port, redis_server
 
 PROMPT = prompt(7, 60)
@@ -111,6 +114,99 @@ def test_engine_two_loads_what_engine_one_computed(model_dir, redis, is_async):
     asked = stats(one).remote_lookups
     assert serve(one, "a2", PROMPT) == 60
     assert stats(one).remote_lookups == asked  # a whole CPU-tier hit never asks Redis
+
+
+def tp_engine(model_dir: str, url: str, is_async: bool = False, **rig: object) -> Rig:
+    return make_rig(
+        model_dir, is_async=is_async, extra={"secondary_tiers": [entry(url)]}, tp=2, **rig
+    )
+
+
+def shard_keys(server: RedisServer, rig: Rig, shard: int) -> list[bytes]:
+    """The Redis keys of one shard of every chunk (under that shard's namespace digest)."""
+    digest = b"}" + rig.connector._sched().settings.shard_digest(shard) + b":"
+    return [k for k in chunk_keys(server) if digest in k]
+
+
+def test_tp2_ranks_each_write_and_load_their_own_shard(model_dir, redis, is_async):
+    one = tp_engine(model_dir, redis.url, is_async)
+    assert serve(one, "a", PROMPT) == 0
+    assert len(shard_keys(redis, one, 0)) == len(shard_keys(redis, one, 1)) == 5
+    assert len(chunk_keys(redis)) == 10
+    assert stats(one).remote_shards_written == 10
+    two = tp_engine(model_dir, redis.url, is_async)
+    assert serve(two, "b", PROMPT) == 60
+    # Each rank's values differ: a shard read by the wrong rank would fail the check.
+    assert two.checked_positions["b"] >= 60
+    assert (stats(two).remote_chunks_promoted, stats(two).remote_chunks_failed) == (5, 0)
+
+
+def test_a_rank_shard_evicted_is_a_miss_at_lookup_not_a_failed_promotion(model_dir, redis):
+    one = tp_engine(model_dir, redis.url)
+    serve(one, "a", PROMPT)
+    (gone,) = [k for k in shard_keys(redis, one, 1) if one.stored_keys[3] in k]
+    redis.command("DEL", gone)  # rank 1's shard of chunk 3: rank 0's is still there
+    two = tp_engine(model_dir, redis.url)
+    assert serve(two, "b", PROMPT) == 36  # chunks 0..2
+    s = stats(two)
+    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (3, 0)
+
+
+def test_mla_writes_one_value_per_chunk_and_every_rank_loads_it(model_dir, redis, is_async):
+    one = tp_engine(model_dir, redis.url, is_async, mla=True)
+    settings = one.connector._sched().settings
+    assert (settings.replicated, settings.num_shards) == (True, 1)
+    assert serve(one, "a", PROMPT) == 0
+    assert len(chunk_keys(redis)) == len(shard_keys(redis, one, 0)) == 5  # TP rank 0's only
+    assert stats(one).remote_shards_written == 5
+    assert store_counts(one) == (5, 0, 0)  # the writes ended on one rank's report
+    two = tp_engine(model_dir, redis.url, is_async, mla=True)
+    assert serve(two, "b", PROMPT) == 60
+    assert two.checked_positions["b"] >= 60  # on both ranks, from the one value
+    assert (stats(two).remote_chunks_promoted, stats(two).remote_chunks_failed) == (5, 0)
+
+
+def test_replicated_and_per_rank_values_never_meet(model_dir, redis):
+    serve(tp_engine(model_dir, redis.url, mla=True), "a", PROMPT)
+    # Same model name, same TP: a per-rank engine must not read the replicated layout.
+    per_rank = tp_engine(model_dir, redis.url)
+    assert serve(per_rank, "b", PROMPT) == 0
+    assert stats(per_rank).remote_chunks_promoted == 0
+
+
+def test_per_node_metrics_sum_both_workers_over_each_primary(model_dir, cluster):
+    one = tp_engine(model_dir, cluster.url)
+    serve(one, "a", PROMPT)
+    serve(one, "a-again", PROMPT)  # one more step: the last cascade's report arrives
+    types = Recorder.reset()
+    prom = KVOffloadConnector.build_prom_metrics(one.vllm_config, types, ["engine"], {0: ["0"]})
+    for data in one.connector_stats:
+        prom.observe(data)
+    name = "vllm:kvoffload_remote_node_bytes_written"
+    written = {labels[-1]: v for labels, v in Recorder.made[name].values.items()}
+    assert set(written) <= {f"127.0.0.1:{n.port}" for n in cluster.primaries()} and written
+    settings = one.connector._sched().settings
+    shard = settings.worker_block_bytes * settings.config.blocks_per_chunk
+    assert sum(written.values()) == 10 * shard  # 5 chunks, a shard from each of 2 workers
+    assert Recorder.made["vllm:kvoffload_remote_node_failures"].values == {}
+
+
+def test_kv_events_name_what_reached_the_shared_tier(model_dir, redis):
+    one = make_rig(model_dir, extra={"secondary_tiers": [entry(redis.url)]}, enable_events=True)
+    published = []
+    one.scheduler.kv_event_publisher.publish = published.append
+    serve(one, "a", PROMPT)
+    serve(one, "a-again", PROMPT)  # one more step: the cascade's report arrives after "a" ends
+    events = [e for batch in published for e in batch.events]
+    cpu = [
+        h
+        for e in events
+        if isinstance(e, BlockStored) and e.medium == "CPU"
+        for h in e.block_hashes
+    ]
+    remote = [e for e in events if isinstance(e, BlockStored) and e.medium == "STORAGE"]
+    assert {e.locality for e in remote} == {"REMOTE"}
+    assert sorted(h for e in remote for h in e.block_hashes) == sorted(cpu) and len(cpu) == 5
 
 
 def test_engine_two_hits_every_chunk_engine_one_stored(model_dir, redis):

@@ -13,6 +13,7 @@ import logging
 import time
 
 import pytest
+from prom_recorder import Recorder
 from rig import Rig, prompt
 from tiering_rig import make_tiering_rig, redis_tier, redis_tier_entry
 
@@ -104,6 +105,39 @@ def test_engines_share_a_cluster(model_dir, cluster, is_async):
     assert serve(two, "b", PROMPT) == 60
     assert two.checked_positions["b"] >= 60
     assert redis_tier(two).stats()["loaded_chunks"] == 5
+
+
+def node_metrics(rig: Rig, reported: list) -> dict[str, dict[str, float]]:
+    """What vLLM's own `OffloadPromMetrics` exported per node from the tier's reports:
+    `metric suffix -> {node: value}`."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadPromMetrics,
+    )
+
+    types = Recorder.reset()
+    prom = OffloadPromMetrics(rig.vllm_config, types, ["engine"], {0: ["0"]})
+    for stats in reported:
+        prom.observe(stats.data)
+    prefix = "kvoffload:redis_tier_node_"
+    return {
+        name[len(prefix) :]: {labels[-1]: v for labels, v in m.values.items()}
+        for name, m in Recorder.made.items()
+        if name.startswith(prefix)
+    }
+
+
+def test_per_node_metrics_name_each_primary_of_a_cluster(model_dir, cluster):
+    one = engine(model_dir, cluster.url)
+    reported = record(redis_tier(one), "get_stats")
+    serve(one, "a", PROMPT)
+    settle(one)
+    serve(one, "b", prompt(3, 8))  # later steps report the finished cascade
+    metrics = node_metrics(one, reported)
+    primaries = {f"127.0.0.1:{n.port}" for n in cluster.primaries()}
+    written = metrics["bytes_written"]
+    assert set(written) <= primaries and written  # 5 chunks: on one to three primaries
+    assert sum(written.values()) == 5 * redis_tier(one).block_size_bytes
+    assert metrics["failures"] == {} and set(metrics["resting"].values()) <= {0}
 
 
 def test_a_tls_certificate_that_does_not_verify_stops_start_up(model_dir, redis_tls):
@@ -212,9 +246,14 @@ def test_server_killed_before_a_load_recomputes_and_recovers(model_dir, redis):
         submit_load(job)
 
     tier.submit_load = kill_then_load
+    reported = record(tier, "get_stats")
     assert serve(two, "b", PROMPT) == 0  # the promotion failed: everything recomputed, and checked
     assert two.checked_positions["b"] >= 60
     tier.submit_load = submit_load
+    node = f"127.0.0.1:{redis.port}"
+    metrics = node_metrics(two, reported)
+    assert metrics["failures"][node] >= 1
+    assert metrics["bytes_read"].get(node, 0) == 0
 
     redis.start()  # same port, empty (no persistence)
     until_probing(two)
@@ -307,6 +346,22 @@ def test_stores_reaching_redis_are_kv_events(model_dir, redis):
     events = [e for batch in taken for e in batch]
     assert sum(len(e.keys) for e in events) == 5
     assert all(e.medium.value == "STORAGE" and not e.removed for e in events)
+
+
+def test_chunks_that_fail_to_load_are_removal_events(model_dir, redis):
+    one = engine(model_dir, redis.url)
+    serve(one, "a", PROMPT)
+    settle(one)
+    for key in chunk_keys(redis):
+        redis.command("SETRANGE", key, 100, b"\xff")  # found, then refused by its checksum
+    two = make_tiering_rig(
+        model_dir, [redis_tier_entry(redis.url, enable_kv_events=True)], enable_events=True
+    )
+    taken = record(redis_tier(two), "take_events")
+    assert serve(two, "b", PROMPT) == 0
+    removed = [e for batch in taken for e in batch if e.removed]
+    assert sum(len(e.keys) for e in removed) == 5
+    assert all(e.medium.value == "STORAGE" and e.locality.value == "REMOTE" for e in removed)
 
 
 def test_wrong_password_stops_start_up(model_dir):

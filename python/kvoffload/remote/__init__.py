@@ -4,7 +4,8 @@
 keeps incompatible replicas apart, `RemoteLookups` answers existence checks without blocking, and
 `RemoteClient` runs store, load and lookup jobs on the Rust
 data path (`rust/kvoffload-remote`), `ShardIO` moves one worker's shard of each chunk between its
-CPU slots and the tier, and `SeedCanary` checks that replicas hash blocks alike. The vLLM seams are
+CPU slots and the tier, `SeedCanary` checks that replicas hash blocks alike, and `NodeReport` says
+what each node did for per-node metrics. The vLLM seams are
 `kvoffload.vllm.RedisTier` and `KVOffloadConnector`'s `secondary_tiers`.
 """
 
@@ -22,6 +23,7 @@ from kvoffload.remote.client import (
 from kvoffload.remote.config import RemoteTierConfig
 from kvoffload.remote.lookups import RemoteLookups
 from kvoffload.remote.namespace import FORMAT_VERSION, TierIdentity
+from kvoffload.remote.nodes import NODE_COUNTERS, NodeReport
 from kvoffload.remote.shard import ShardIO
 
 __all__ = [
@@ -31,8 +33,10 @@ __all__ = [
     "FAILED",
     "FORMAT_VERSION",
     "MISSING",
+    "NODE_COUNTERS",
     "OK",
     "Completion",
+    "NodeReport",
     "RemoteClient",
     "RemoteLookups",
     "RemoteTierConfig",

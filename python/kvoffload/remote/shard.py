@@ -37,7 +37,7 @@ class ShardIO:
         self._promotions: dict[int, int] = {}
         self._cascades: dict[int, int] = {}
         self._done_promotions: dict[int, bytes] = {}
-        self._done_cascades: dict[int, tuple[int, int]] = {}
+        self._done_cascades: dict[int, tuple[int, bytes]] = {}
 
     def promote(self, job_id: int, keys: Sequence[bytes], slots: IntArray) -> None:
         """Fills `slots` from the shared tier."""
@@ -53,23 +53,23 @@ class ShardIO:
         try:
             rust_job = self.client.store(list(keys), self._buffer, self._offsets(slots).tolist())
         except ValueError:
-            self._done_cascades[job_id] = (0, len(keys))
+            self._done_cascades[job_id] = (0, bytes(len(keys)))
             return
         self._cascades[rust_job] = job_id
 
-    def take_done(self) -> tuple[dict[int, bytes], dict[int, tuple[int, int]]]:
+    def take_done(self) -> tuple[dict[int, bytes], dict[int, tuple[int, bytes]]]:
         """Promotions ended since the last call (`job_id -> 1 or 0 per key: filled`) and
-        cascades (`job_id -> (shards written or already there, not written)`)."""
+        cascades (`job_id -> (shards written or already there, 1 or 0 per key: in the tier)`)."""
         for rust_job, statuses in self.client.poll():
             status = np.frombuffer(statuses, dtype=np.uint8)
             if rust_job in self._promotions:
                 filled = (status == OK).astype(np.uint8).tobytes()
                 self._done_promotions[self._promotions.pop(rust_job)] = filled
             else:
-                written = int(np.isin(status, _WRITTEN).sum())
+                in_tier = np.isin(status, _WRITTEN)
                 self._done_cascades[self._cascades.pop(rust_job)] = (
-                    written,
-                    len(status) - written,
+                    int(in_tier.sum()),
+                    in_tier.astype(np.uint8).tobytes(),
                 )
         promotions, self._done_promotions = self._done_promotions, {}
         cascades, self._done_cascades = self._done_cascades, {}

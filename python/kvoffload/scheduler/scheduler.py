@@ -64,13 +64,15 @@ class OffloadScheduler:
         bytes_per_chunk: int = 0,
         remote: Lookups | None = None,
         world_size: int = 1,
+        remote_writers: int | None = None,
         remote_locality: str = "REMOTE",
         groups: Sequence[KVGroup] | None = None,
         retention_interval: int | None = 0,
     ) -> None:
         """`bytes_per_chunk` (all workers together) only feeds the byte counters of the stats.
         With `remote` (a `RemoteLookups`), a shared tier of `remote_locality` stands behind the
-        CPU tier, moved by `world_size` workers (see `SharedTier`).
+        CPU tier, read by `world_size` workers and written by `remote_writers` of them (default:
+        all; see `SharedTier`).
 
         `groups` are the model's KV-cache groups (default: one full-attention group). With more,
         or a window group, block tables and new blocks are given per group, and
@@ -100,7 +102,12 @@ class OffloadScheduler:
             None
             if remote is None
             else SharedTier(
-                store, remote, ctx.stats, world_size=world_size, locality=remote_locality
+                store,
+                remote,
+                ctx.stats,
+                world_size=world_size,
+                writers=remote_writers,
+                locality=remote_locality,
             )
         )
         self._several = SeveralGroupsPlanner(ctx, hybrid) if several else None
@@ -116,6 +123,7 @@ class OffloadScheduler:
         usable_slots: int | None = None,
         remote: Lookups | None = None,
         world_size: int = 1,
+        remote_writers: int | None = None,
         remote_locality: str = "REMOTE",
         groups: Sequence[KVGroup] | None = None,
         retention_interval: int | None = 0,
@@ -134,6 +142,7 @@ class OffloadScheduler:
             bytes_per_chunk=bytes_per_chunk,
             remote=remote,
             world_size=world_size,
+            remote_writers=remote_writers,
             remote_locality=remote_locality,
             groups=groups,
             retention_interval=retention_interval,

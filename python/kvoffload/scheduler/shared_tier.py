@@ -21,7 +21,7 @@ import numpy as np
 
 from kvoffload.scheduler.jobs import RemoteJob
 from kvoffload.scheduler.stats import SchedulerStats
-from kvoffload.store import CpuStore, KeyList, KeyRange, KeyStatus
+from kvoffload.store import CpuStore, KeyList, KeyRange, KeyStatus, StoreEvent
 
 _READY = int(KeyStatus.READY)  # an enum member read per key costs more than the comparison
 
@@ -43,16 +43,23 @@ class _Job:
     keys: KeyList
     reports: int = 0
     ok: np.ndarray | None = None
-    """Promotions: per key, 1 while every worker that reported has it."""
+    """Per key, 1 while every worker that reported has it (promoted, or in the tier)."""
+
+    def report(self, reports: int, ok: bytes) -> None:
+        mask = np.frombuffer(ok, dtype=np.uint8)
+        self.ok = mask.copy() if self.ok is None else np.minimum(self.ok, mask)
+        self.reports += reports
 
 
 class SharedTier:
-    """`world_size` workers each move their shard of every chunk; a job ends once all have
-    reported it. Writes go out behind the CPU tier in store order, at most `max_cascade_slots`
-    chunks held at a time (default: half the tier), so a slow server never fills the CPU tier
-    with holds: the rest wait in a backlog of at most `num_slots` keys, and a chunk evicted from
-    the CPU tier before its turn, or pushed out of a full backlog, is not written (counted in
-    `remote_writes_dropped`); GPU stores are never held back."""
+    """`world_size` workers each read their shard of every chunk, and `writers` of them (default:
+    all; one per pipeline stage where every TP rank holds the same bytes, as with MLA) write it;
+    a job ends once all of them have reported it. Writes go out behind the CPU tier in store
+    order, at most `max_cascade_slots` chunks held at a time (default: half the tier), so a slow
+    server never fills the CPU tier with holds: the rest wait in a backlog of at most
+    `num_slots` keys, and a chunk evicted from the CPU tier before its turn, or pushed out of a
+    full backlog, is not written (counted in `remote_writes_dropped`); GPU stores are never held
+    back."""
 
     def __init__(
         self,
@@ -61,6 +68,7 @@ class SharedTier:
         stats: SchedulerStats,
         *,
         world_size: int,
+        writers: int | None = None,
         medium: str = "STORAGE",
         locality: str = "REMOTE",
         max_cascade_slots: int | None = None,
@@ -68,6 +76,7 @@ class SharedTier:
         self.store = store
         self.lookups = lookups
         self.world_size = world_size
+        self.writers = world_size if writers is None else writers
         self.medium = medium
         self.locality = locality
         self._max_cascade_slots = max_cascade_slots
@@ -79,6 +88,8 @@ class SharedTier:
         self._backlog: deque[bytes] = deque()
         self._new_promotions: list[RemoteJob] = []
         self._new_cascades: list[RemoteJob] = []
+        # Recorded only where the store records its own (nobody drains them otherwise).
+        self._events: list[StoreEvent] | None = [] if store.enable_events else None
 
     @property
     def max_cascade_slots(self) -> int:
@@ -115,12 +126,11 @@ class SharedTier:
         """`reports` more workers ended promotion `job_id`; `ok[i]` is 1 where all of them
         filled key `i`."""
         job = self._promotions[job_id]
-        mask = np.frombuffer(ok, dtype=np.uint8)
-        job.ok = mask.copy() if job.ok is None else np.minimum(job.ok, mask)
-        job.reports += reports
+        job.report(reports, ok)
         if job.reports < self.world_size:
             return
         del self._promotions[job_id]
+        assert job.ok is not None
         if job.ok.all():
             self.store.complete_store(job.keys, True)
             self._stats.remote_chunks_promoted += len(job.keys)
@@ -133,6 +143,8 @@ class SharedTier:
         if failed:
             self.store.complete_store(failed, False)
             self.lookups.mark_miss(failed)
+            # This engine treats them as gone from the tier (a miss for a while): say so.
+            self._event("removed", failed)
         self._stats.remote_chunks_promoted += len(arrived)
         self._stats.remote_chunks_failed += len(failed)
 
@@ -151,19 +163,24 @@ class SharedTier:
         overflow = len(self._backlog) - self.store.num_slots
         for _ in range(max(0, overflow)):
             self._backlog.popleft()
-        self._stats.remote_writes_dropped += max(0, overflow) * self.world_size
+        self._stats.remote_writes_dropped += max(0, overflow) * self.writers
         self._drain_backlog()
 
-    def cascaded(self, job_id: int, reports: int, written: int, dropped: int) -> None:
-        """`reports` more workers ended cascade `job_id`, having written `written` shards and
-        not written `dropped` (the server down, a failed write)."""
+    def cascaded(self, job_id: int, reports: int, written: int, in_tier: bytes) -> None:
+        """`reports` more writers ended cascade `job_id`, having written `written` shards (or
+        found them there); `in_tier[i]` is 1 where each of them has key `i` in the tier (the
+        others: the server down, a failed write)."""
         job = self._cascades[job_id]
-        job.reports += reports
+        job.report(reports, in_tier)
         self._stats.remote_shards_written += written
-        self._stats.remote_writes_dropped += dropped
-        if job.reports < self.world_size:
+        self._stats.remote_writes_dropped += reports * len(job.keys) - written
+        if job.reports < self.writers:
             return
         del self._cascades[job_id]
+        assert job.ok is not None
+        if self._events is not None:
+            keys = job.keys.to_list()
+            self._event("stored", [k for k, good in zip(keys, job.ok, strict=True) if good])
         self.store.release_write(job.keys)
         self._cascading_slots -= len(job.keys)
         self._drain_backlog()
@@ -176,7 +193,7 @@ class SharedTier:
             batch = [self._backlog.popleft() for _ in range(min(room, len(self._backlog)))]
             status = self.store.lookup(batch)
             kept = [k for k, st in zip(batch, status.tolist(), strict=True) if st == _READY]
-            self._stats.remote_writes_dropped += (len(batch) - len(kept)) * self.world_size
+            self._stats.remote_writes_dropped += (len(batch) - len(kept)) * self.writers
             ready.extend(kept)
         if not ready:
             return
@@ -192,6 +209,18 @@ class SharedTier:
         promotions, self._new_promotions = self._new_promotions, []
         cascades, self._new_cascades = self._new_cascades, []
         return promotions, cascades
+
+    def take_events(self) -> list[StoreEvent]:
+        """Chunks every writer put in the tier ("stored") and chunks whose promotion failed
+        ("removed"), oldest first (empty unless the store has `enable_events`)."""
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
+
+    def _event(self, kind: str, keys: list[bytes]) -> None:
+        if self._events is not None and keys:
+            self._events.append(StoreEvent(kind, keys))
 
     def finish_request(self, request_id: str) -> None:
         self.lookups.cleanup(request_id)

@@ -133,8 +133,11 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched().on_handshake(metadata.values())
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        # The counters live on the scheduler side; workers report through the job results.
-        return None if self._scheduler_side is None else self._scheduler_side.get_stats()
+        # The counters live on the scheduler side (workers report jobs through their results);
+        # a worker reports what each node of the shared tier did for it.
+        if self._scheduler_side is not None:
+            return self._scheduler_side.get_stats()
+        return None if self._worker_side is None else self._worker_side.get_stats()
 
     @classmethod
     def build_kv_connector_stats(

@@ -51,8 +51,9 @@ class KVOffloadWorkerMetadata(KVConnectorWorkerMetadata):
     results: dict[int, tuple[int, bool]] = field(default_factory=dict)
     promoted: dict[int, tuple[int, bytes]] = field(default_factory=dict)
     """Promotions ended: `job_id -> (workers, per key 1 if every one of them filled it)`."""
-    cascaded: dict[int, tuple[int, int, int]] = field(default_factory=dict)
-    """Cascades ended: `job_id -> (workers, shards written, shards not written)`."""
+    cascaded: dict[int, tuple[int, int, bytes]] = field(default_factory=dict)
+    """Cascades ended: `job_id -> (workers, shards written or found there, per key 1 if every one
+    of them has it in the tier)`."""
     usable_slots: dict[int, int] = field(default_factory=dict)
     """`rank -> slots` of a worker whose CPU pool grew (it is pinned piece by piece)."""
 
@@ -68,16 +69,22 @@ class KVOffloadWorkerMetadata(KVConnectorWorkerMetadata):
         for job_id, (workers, filled) in other.promoted.items():
             if job_id in promoted:
                 seen, mine = promoted[job_id]
-                workers += seen
-                # A key counts as filled only if every report filled it: the bytes' minimum.
-                both = np.minimum(np.frombuffer(mine, np.uint8), np.frombuffer(filled, np.uint8))
-                filled = both.tobytes()
-            promoted[job_id] = (workers, filled)
+                promoted[job_id] = (seen + workers, _both(mine, filled))
+            else:
+                promoted[job_id] = (workers, filled)
         cascaded = dict(self.cascaded)
-        for job_id, (workers, written, dropped) in other.cascaded.items():
-            w, wr, dr = cascaded.get(job_id, (0, 0, 0))
-            cascaded[job_id] = (w + workers, wr + written, dr + dropped)
+        for job_id, (workers, written, in_tier) in other.cascaded.items():
+            if job_id in cascaded:
+                seen, wrote, mine = cascaded[job_id]
+                cascaded[job_id] = (seen + workers, wrote + written, _both(mine, in_tier))
+            else:
+                cascaded[job_id] = (workers, written, in_tier)
         usable = dict(self.usable_slots)
         for rank, slots in other.usable_slots.items():
             usable[rank] = max(slots, usable.get(rank, 0))
         return KVOffloadWorkerMetadata(results, promoted, cascaded, usable)
+
+
+def _both(a: bytes, b: bytes) -> bytes:
+    """Per key, 1 only if both reports say 1: the bytes' minimum."""
+    return np.minimum(np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8)).tobytes()

@@ -45,6 +45,7 @@ from kvoffload.remote import (
     EXISTS,
     FAILED,
     OK,
+    NodeReport,
     RemoteClient,
     RemoteLookups,
     RemoteTierConfig,
@@ -66,6 +67,17 @@ _COUNTERS = {
     "load_missing": "Chunks a load found absent (evicted after the lookup, or a hole).",
 }
 _METRIC = "kvoffload:redis_tier_"
+# Per node (a cluster's primaries, or the one server), labelled `node="host:port"`.
+_NODE_METRIC = "kvoffload:redis_tier_node_"
+_NODE_COUNTERS = {
+    "bytes_written": "Bytes this node stored (chunks new to it).",
+    "bytes_read": "Bytes loaded from this node.",
+    "failures": "Jobs, or their part on this node, that failed there (connect, I/O, timeout, "
+    "server error).",
+}
+_NODE_GAUGES = {
+    "resting": "1 while this node is left alone after a failure (the breaker's cool-down), else 0.",
+}
 # At most one warning per this many seconds about failed jobs: a down server fails every job.
 _WARN_EVERY_S = 10.0
 # The encoding of the data path's own `breaker_state` stat.
@@ -98,6 +110,7 @@ class RedisTier(SecondaryTierManager):
         # Lookups have a connection of their own: one never queues behind a 64-chunk load.
         self._lookup_client = RemoteClient(config, digest, chunk_bytes, connections=1)
         self._lookups = RemoteLookups(self._lookup_client)
+        self._nodes = NodeReport(self._client, self._lookup_client)
         # The view is the whole CPU region: a chunk id is a row of `chunk_bytes`.
         self._base = primary_kv_view
         self._jobs: dict[int, tuple[TransferJob, float]] = {}
@@ -208,7 +221,14 @@ class RedisTier(SecondaryTierManager):
             )
         # A key that did not load is a miss for this tier from now on (vLLM's livelock guard):
         # the request recomputes it, and what did arrive is kept.
-        self._lookups.mark_miss([k for k, s in zip(keys, statuses, strict=True) if s != OK])
+        failed = [k for k, s in zip(keys, statuses, strict=True) if s != OK]
+        self._lookups.mark_miss(failed)
+        if self._events is not None:
+            self._events.append(
+                OffloadingEvent(
+                    keys=failed, medium=self.medium, removed=True, locality=self.locality
+                )
+            )
         return JobResult(
             job.job_id,
             False,
@@ -271,6 +291,15 @@ class RedisTier(SecondaryTierManager):
             documentation="The shared tier's circuit breaker: 0 up, 1 down, 2 half-open.",
             labelnames=labels,
         )
+        node_labels = (TIER_LABEL, "node")
+        for name, doc in _NODE_COUNTERS.items():
+            metrics[_NODE_METRIC + name] = OffloadingCounterMetadata(
+                documentation=doc, labelnames=node_labels
+            )
+        for name, doc in _NODE_GAUGES.items():
+            metrics[_NODE_METRIC + name] = OffloadingGaugeMetadata(
+                documentation=doc, labelnames=node_labels
+            )
         return metrics
 
     def get_stats(self) -> OffloadingConnectorStats | None:
@@ -283,6 +312,13 @@ class RedisTier(SecondaryTierManager):
                 stats.increase_counter(_METRIC + name, delta, label)
                 self._reported[name] = now[name]
         stats.set_gauge(_METRIC + "breaker_state", _BREAKER_STATES[self.state], label)
+        for node, moved in self._nodes.take().items():
+            labels = (self.tier_type, node)
+            for name in _NODE_COUNTERS:
+                if moved[name]:
+                    stats.increase_counter(_NODE_METRIC + name, moved[name], labels)
+            for name in _NODE_GAUGES:
+                stats.set_gauge(_NODE_METRIC + name, moved[name], labels)
         return stats
 
     @property

@@ -12,7 +12,7 @@ from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 from vllm.v1.request import RequestStatus
 
-from kvoffload.remote import RemoteClient, RemoteLookups, SeedCanary
+from kvoffload.remote import NodeReport, RemoteClient, RemoteLookups, SeedCanary
 from kvoffload.scheduler import (
     BlockSet,
     LoadJob,
@@ -21,13 +21,14 @@ from kvoffload.scheduler import (
     SchedulerStats,
     StateBlock,
 )
+from kvoffload.store import StoreEvent
 from kvoffload.vllm.metadata import (
     KVOffloadHandshakeMetadata,
     KVOffloadMetadata,
     KVOffloadWorkerMetadata,
 )
 from kvoffload.vllm.settings import ConnectorSettings
-from kvoffload.vllm.stats import KVOffloadStats, stats_delta
+from kvoffload.vllm.stats import NODES, KVOffloadStats, stats_delta
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -44,6 +45,7 @@ class SchedulerSide:
     def __init__(self, settings: ConnectorSettings) -> None:
         self.settings = settings
         self._lookup_client: RemoteClient | None = None
+        self._nodes: NodeReport | None = None
         self._canary: SeedCanary | None = None
         lookups = None
         if settings.remote is not None:
@@ -54,9 +56,10 @@ class SchedulerSide:
                 settings.shard_digest(0),
                 settings.worker_block_bytes * settings.config.blocks_per_chunk,
                 connections=1,
-                lookup_digests=[settings.shard_digest(r) for r in range(settings.world_size)],
+                lookup_digests=[settings.shard_digest(r) for r in range(settings.num_shards)],
             )
             lookups = RemoteLookups(self._lookup_client)
+            self._nodes = NodeReport(self._lookup_client)
             self._canary = SeedCanary(self._lookup_client, logger)
             if self._lookup_client.startup_error is not None:
                 logger.warning(
@@ -72,6 +75,7 @@ class SchedulerSide:
             enable_events=settings.enable_events,
             remote=lookups,
             world_size=settings.world_size,
+            remote_writers=settings.num_shards,
             remote_locality=settings.remote_locality,
             groups=settings.groups if settings.hybrid else None,
             retention_interval=settings.retention_interval,
@@ -100,7 +104,7 @@ class SchedulerSide:
         self._said_bad_report = False
         logger.info(
             "kvoffload: %d CPU-tier slots of %d tokens (%d bytes over %d workers), policy %s, "
-            "offload_prompt_only=%s, shared tier %s",
+            "offload_prompt_only=%s, shared tier %s%s",
             settings.num_slots,
             settings.config.tokens_per_chunk,
             settings.bytes_per_chunk,
@@ -108,6 +112,9 @@ class SchedulerSide:
             settings.config.eviction_policy,
             settings.config.offload_prompt_only,
             "none" if settings.remote is None else settings.remote.masked_url,
+            f" ({settings.num_shards} shard(s) per chunk, KV replicated over TP ranks)"
+            if settings.remote is not None and settings.replicated
+            else "",
         )
 
     def on_new_request(self, request: Request) -> None:
@@ -248,8 +255,8 @@ class SchedulerSide:
             # The shared tier counts the workers' reports of its jobs itself.
             for job_id, (count, ok_keys) in meta.promoted.items():
                 shared.promoted(job_id, count, ok_keys)
-            for job_id, (count, written, dropped) in meta.cascaded.items():
-                shared.cascaded(job_id, count, written, dropped)
+            for job_id, (count, written, in_tier) in meta.cascaded.items():
+                shared.cascaded(job_id, count, written, in_tier)
 
     def on_handshake(self, metadata: Iterable[object]) -> None:
         """Each worker's ready slots, once its KV caches are registered: the first step plans
@@ -327,27 +334,12 @@ class SchedulerSide:
         return hold
 
     def take_events(self) -> Iterator[KVCacheEvent]:
-        for event in self.scheduler.store.take_events():
-            by_group: dict[int, list[Any]] = {}
-            for k in event.keys:
-                group = int.from_bytes(k[-_GROUP_SUFFIX:], "big")
-                by_group.setdefault(group, []).append(
-                    maybe_convert_block_hash(BlockHash(k[:-_GROUP_SUFFIX]))
-                )
-            for group, hashes in sorted(by_group.items()):
-                if event.kind == "stored":
-                    yield BlockStored(
-                        block_hashes=hashes,
-                        parent_block_hash=None,
-                        token_ids=[],
-                        block_size=0,
-                        lora_id=None,
-                        medium="CPU",
-                        lora_name=None,
-                        group_idx=group,
-                    )
-                else:
-                    yield BlockRemoved(block_hashes=hashes, medium="CPU", group_idx=group)
+        """The CPU tier's events, then the shared tier's (its medium and locality): chunks every
+        writer put there, and chunks whose promotion failed (a miss here for a while)."""
+        yield from _events(self.scheduler.store.take_events(), "CPU", None)
+        shared = self.scheduler.shared_tier
+        if shared is not None:
+            yield from _events(shared.take_events(), shared.medium, shared.locality)
 
     def get_stats(self) -> KVOffloadStats | None:
         now = self.scheduler.stats()
@@ -360,6 +352,9 @@ class SchedulerSide:
             delta["cpu_tier_usable_bytes"] = store.usable_slots * self.settings.bytes_per_chunk
             delta["cpu_tier_ready_ratio"] = store.usable_slots / store.num_slots
         stats = KVOffloadStats(data=delta)
+        nodes = None if self._nodes is None else self._nodes.take()
+        if nodes:  # the lookups' failures; the workers report what they moved
+            stats.data[NODES] = nodes
         return None if stats.is_empty() else stats
 
     def reset_cache(self) -> bool:
@@ -380,3 +375,32 @@ class SchedulerSide:
             assert self._canary is not None
             self._canary.join()
             self._lookup_client.close()
+
+
+def _events(
+    events: Iterable[StoreEvent], medium: str, locality: str | None
+) -> Iterator[KVCacheEvent]:
+    for event in events:
+        by_group: dict[int, list[Any]] = {}
+        for k in event.keys:
+            group = int.from_bytes(k[-_GROUP_SUFFIX:], "big")
+            by_group.setdefault(group, []).append(
+                maybe_convert_block_hash(BlockHash(k[:-_GROUP_SUFFIX]))
+            )
+        for group, hashes in sorted(by_group.items()):
+            if event.kind == "stored":
+                yield BlockStored(
+                    block_hashes=hashes,
+                    parent_block_hash=None,
+                    token_ids=[],
+                    block_size=0,
+                    lora_id=None,
+                    medium=medium,
+                    lora_name=None,
+                    group_idx=group,
+                    locality=locality,
+                )
+            else:
+                yield BlockRemoved(
+                    block_hashes=hashes, medium=medium, group_idx=group, locality=locality
+                )

@@ -40,6 +40,11 @@ class ConnectorSettings:
     """vLLM's `prefix_cache_retention_interval`: where sliding-window groups keep a hit's KV."""
     group_layers: tuple[tuple[str, ...], ...] = ()
     """Each group's layer names (a worker copies a group's blocks only in its layers)."""
+    tp_size: int = 1
+    replicated: bool = False
+    """Every TP rank of a pipeline stage holds the same KV bytes (MLA's one latent vector per
+    token): in the shared tier a chunk has one shard per stage, written by the stage's TP rank 0
+    and read by all of its ranks."""
 
     @property
     def hybrid(self) -> bool:
@@ -83,6 +88,7 @@ class ConnectorSettings:
         bytes_per_chunk = block_bytes * config.blocks_per_chunk * world_size
         events = vllm_config.kv_events_config
         identity = None
+        replicated = False
         if tier is not None:
             parallel = vllm_config.parallel_config
             cp = (parallel.prefill_context_parallel_size, parallel.decode_context_parallel_size)
@@ -94,6 +100,11 @@ class ConnectorSettings:
                     f"(prefill_context_parallel_size={cp[0]}, "
                     f"decode_context_parallel_size={cp[1]}); allowed: 1 and 1"
                 )
+            replicated = _replicated(spec)
+            layout = f"kvoffload-pool/{vllm_config.cache_config.kv_cache_layout or 'default'}"
+            if replicated:
+                # One shard per stage, not per rank: never met by a per-rank engine's keys.
+                layout += "/replicated"
             identity = TierIdentity(
                 namespace=tier[0].namespace,
                 model=vllm_config.model_config.model,
@@ -107,7 +118,7 @@ class ConnectorSettings:
                 bytes_per_chunk=block_bytes * config.blocks_per_chunk,
                 # A slot holds, per segment (a layer's K or V, or a whole cross-layer block), the
                 # chunk's pages block after block: not vLLM's tiering region layout.
-                layout=f"kvoffload-pool/{vllm_config.cache_config.kv_cache_layout or 'default'}",
+                layout=layout,
             )
         return cls(
             config=config,
@@ -122,12 +133,36 @@ class ConnectorSettings:
             groups=kv_groups,
             retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
             group_layers=tuple(tuple(g.layer_names) for g in groups),
+            tp_size=vllm_config.parallel_config.tensor_parallel_size,
+            replicated=replicated,
         )
 
-    def shard_digest(self, rank: int) -> bytes:
-        """The namespace digest of one worker's shard of every chunk."""
+    @property
+    def num_shards(self) -> int:
+        """Shards of one chunk in the shared tier: one per worker, or per stage if replicated."""
+        return self.world_size // self.tp_size if self.replicated else self.world_size
+
+    def shard_of(self, rank: int) -> int:
+        """The shard worker `rank` reads (its pipeline stage's, if replicated)."""
+        return rank // self.tp_size if self.replicated else rank
+
+    def writes_shard(self, rank: int) -> bool:
+        """Whether worker `rank` writes its shard (one TP rank per stage, if replicated)."""
+        return not self.replicated or rank % self.tp_size == 0
+
+    def shard_digest(self, shard: int) -> bytes:
+        """The namespace digest of one shard of every chunk."""
         assert self.remote_identity is not None
-        return dataclasses.replace(self.remote_identity, rank=rank).digest()
+        return dataclasses.replace(self.remote_identity, rank=shard).digest()
+
+
+def _replicated(spec: object) -> bool:
+    """MLA keeps one latent vector per token, the same on every TP rank (vLLM's MLA spec)."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec, UniformTypeKVCacheSpecs
+
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return all(isinstance(s, MLAAttentionSpec) for s in spec.kv_cache_specs.values())
+    return isinstance(spec, MLAAttentionSpec)
 
 
 def kv_groups_of(kv_cache_config: KVCacheConfig) -> tuple[KVGroup, ...]:
@@ -218,7 +253,8 @@ _LOCALITIES = ("LOCAL", "REMOTE")
 # Keys of a vLLM tiering entry that mean nothing to this connector.
 _TIERING_ONLY = {
     "backpressure": "writes are bounded by max_store_bytes_in_flight instead",
-    "enable_kv_events": "this connector reports CPU-tier events only",
+    "enable_kv_events": "this connector publishes the shared tier's events whenever vLLM's KV "
+    "events are on",
 }
 
 

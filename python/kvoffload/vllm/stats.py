@@ -46,6 +46,23 @@ GAUGES: dict[str, str] = {
 }
 
 
+NODES = "remote_nodes"
+"""The key of the shared tier's per-node report: `node -> {counter: increment, "resting": 0|1}`
+(`kvoffload.remote.NodeReport`), summed over the workers (`resting`: 1 if any saw it resting)."""
+# Per node of the shared tier, under this prefix with one more label, its `host:port`.
+_NODE_METRIC = "vllm:kvoffload_remote_node_"
+_NODE_COUNTERS: dict[str, str] = {
+    "bytes_written": "Bytes this node of the shared tier stored (all workers)",
+    "bytes_read": "Bytes loaded from this node of the shared tier (all workers)",
+    "failures": "Jobs, or their part on this node, that failed there (connect, I/O, timeout, "
+    "server error)",
+}
+_NODE_GAUGES: dict[str, str] = {
+    "resting": "1 while this node of the shared tier is left alone after a failure (the "
+    "breaker's cool-down), else 0",
+}
+
+
 def stats_delta(now: SchedulerStats, before: SchedulerStats) -> dict[str, int]:
     """Counter increments from `before` to `now`; `ignored_params` summed over its keys."""
     # The instances' own dicts: read every step, where a getattr per field showed.
@@ -65,14 +82,29 @@ class KVOffloadStats(KVConnectorStats):
 
     def aggregate(self, other: KVConnectorStats) -> KVOffloadStats:
         for key, value in other.data.items():
-            self.data[key] = value if key in GAUGES else self.data.get(key, 0) + value
+            if key == NODES:
+                self.data[NODES] = _merge_nodes(self.data.get(NODES, {}), value)
+            else:
+                self.data[key] = value if key in GAUGES else self.data.get(key, 0) + value
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        return dict(self.data)
+        # The per-node report is for Prometheus; the log line keeps the engine's totals.
+        return {k: v for k, v in self.data.items() if k != NODES}
 
     def is_empty(self) -> bool:
         return not any(self.data.values())
+
+
+def _merge_nodes(
+    mine: dict[str, dict[str, int]], other: dict[str, dict[str, int]]
+) -> dict[str, dict[str, int]]:
+    out = {node: dict(v) for node, v in mine.items()}
+    for node, v in other.items():
+        into = out.setdefault(node, dict.fromkeys(v, 0))
+        for name, n in v.items():
+            into[name] = max(into[name], n) if name == "resting" else into[name] + n
+    return out
 
 
 class KVOffloadPromMetrics(KVConnectorPromMetrics):
@@ -92,6 +124,18 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
             self._counters[name] = {
                 engine: metric.labels(*values) for engine, values in per_engine_labelvalues.items()
             }
+        node_labels = [*labelnames, "node"]
+        self._node_metrics: dict[str, Any] = {
+            name: self._counter_cls(
+                name=_NODE_METRIC + name, documentation=doc, labelnames=node_labels
+            )
+            for name, doc in _NODE_COUNTERS.items()
+        }
+        for name, doc in _NODE_GAUGES.items():
+            self._node_metrics[name] = self._gauge_cls(
+                name=_NODE_METRIC + name, documentation=doc, labelnames=node_labels
+            )
+        self._labelvalues = per_engine_labelvalues
         self._gauges: dict[str, dict[int, Any]] = {}
         for name, doc in GAUGES.items():
             gauge = self._gauge_cls(
@@ -102,6 +146,14 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
             }
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for node, report in transfer_stats_data.get(NODES, {}).items():
+            labels = [*self._labelvalues[engine_idx], node]
+            for name, value in report.items():
+                metric = self._node_metrics[name].labels(*labels)
+                if name in _NODE_GAUGES:
+                    metric.set(value)
+                elif value:
+                    metric.inc(value)
         for name, value in transfer_stats_data.items():
             gauge = self._gauges.get(name)
             if gauge is not None:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from kvoffload.errors import ConfigError
-from kvoffload.remote import RemoteClient, ShardIO
+from kvoffload.remote import NodeReport, RemoteClient, ShardIO
 from kvoffload.scheduler import LoadJob, StoreJob
 from kvoffload.transfer import JobPart, TransferEngine
 from kvoffload.vllm.metadata import (
@@ -18,6 +18,7 @@ from kvoffload.vllm.metadata import (
     KVOffloadWorkerMetadata,
 )
 from kvoffload.vllm.settings import ConnectorSettings
+from kvoffload.vllm.stats import NODES, KVOffloadStats
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +84,9 @@ class WorkerSide:
         self._recving: set[str] = set()
         self._load_errors: set[int] = set()
         self.remote: ShardIO | None = None
+        self._nodes: NodeReport | None = None
         self._promoted: dict[int, tuple[int, bytes]] = {}
-        self._cascaded: dict[int, tuple[int, int, int]] = {}
+        self._cascaded: dict[int, tuple[int, int, bytes]] = {}
         self.rank = 0
         self._reported_usable = -1
         self._segments: list[list[int] | None] = []
@@ -161,7 +163,7 @@ class WorkerSide:
         return out
 
     def _connect(self, engine: TransferEngine) -> ShardIO:
-        """This worker's shard of every chunk in the shared tier, under its rank's digest."""
+        """This worker's shard of every chunk in the shared tier, under its shard's digest."""
         settings = self.settings
         assert settings.remote is not None
         if engine.chunk_bytes != settings.worker_block_bytes * settings.config.blocks_per_chunk:
@@ -173,7 +175,8 @@ class WorkerSide:
                 "the shared tier needs them to agree"
             )
         rank = self.rank
-        client = RemoteClient(settings.remote, settings.shard_digest(rank), engine.chunk_bytes)
+        digest = settings.shard_digest(settings.shard_of(rank))
+        client = RemoteClient(settings.remote, digest, engine.chunk_bytes)
         if client.startup_error is not None:
             logger.warning(
                 "kvoffload: shared tier %s is unreachable from worker %d (%s): it serves from "
@@ -182,6 +185,7 @@ class WorkerSide:
                 rank,
                 client.startup_error,
             )
+        self._nodes = NodeReport(client)
         pool = engine.pool
         return ShardIO(client, pool.buffer.numpy(), pool.slot_offsets)
 
@@ -210,6 +214,8 @@ class WorkerSide:
             raise RuntimeError("kvoffload: shared-tier jobs reached a worker without the tier")
         for job in meta.promotions:
             self.remote.promote(job.job_id, job.keys.to_list(), job.slots)
+        if not self.settings.writes_shard(self.rank):
+            return  # another TP rank writes the shard this one holds too
         for job in meta.cascades:
             self.remote.cascade(job.job_id, job.keys.to_list(), job.slots)
 
@@ -224,13 +230,19 @@ class WorkerSide:
             promoted, cascaded = self.remote.take_done()
             for job_id, ok in promoted.items():
                 self._promoted[job_id] = (1, ok)
-            for job_id, (written, dropped) in cascaded.items():
-                self._cascaded[job_id] = (1, written, dropped)
+            for job_id, (written, in_tier) in cascaded.items():
+                self._cascaded[job_id] = (1, written, in_tier)
         busy = {job.request_id for job in (*self._jobs.values(), *self._deferred)}
         sending = {rid for rid in self._held if rid not in busy}
         self._held -= sending
         recving, self._recving = self._recving, set()
         return sending or None, recving or None
+
+    def get_stats(self) -> KVOffloadStats | None:
+        """What each node of the shared tier did for this worker since the last report (the
+        other counters are the scheduler's)."""
+        nodes = None if self._nodes is None else self._nodes.take()
+        return KVOffloadStats(data={NODES: nodes}) if nodes else None
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
