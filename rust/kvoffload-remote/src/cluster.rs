@@ -168,10 +168,11 @@ pub fn node_counts(keys: &[&[u8]], nodes: usize) -> Vec<u64> {
     counts
 }
 
-/// `MOVED <slot> <host>:<port>`: the slot and its owner now (`None` when the answer names no
-/// host, as with `cluster-preferred-endpoint-type unknown-endpoint`).
-pub fn parse_moved(msg: &str) -> Option<(u16, Option<Node>)> {
-    let mut words = msg.strip_prefix("MOVED ")?.split(' ');
+/// `MOVED <slot> <host>:<port>` (or `ASK ...`, with `kind` "ASK"): the slot and its owner now,
+/// or the node its keys are moving to (`None` when the answer names no host, as with
+/// `cluster-preferred-endpoint-type unknown-endpoint`).
+pub fn parse_redirect(msg: &str, kind: &str) -> Option<(u16, Option<Node>)> {
+    let mut words = msg.strip_prefix(kind)?.strip_prefix(' ')?.split(' ');
     let slot = words
         .next()?
         .parse::<u16>()
@@ -390,8 +391,9 @@ mod tests {
     }
 
     #[test]
-    fn moved_answers() {
+    fn moved_and_ask_answers() {
         let node = |h: &str, p: u16| Some((h.to_string(), p));
+        let parse_moved = |m: &str| parse_redirect(m, "MOVED");
         assert_eq!(
             parse_moved("MOVED 3999 127.0.0.1:6381"),
             Some((3999, node("127.0.0.1", 6381)))
@@ -403,9 +405,19 @@ mod tests {
         // Moved, to a node whose name the answer does not give: fetch the map anew.
         assert_eq!(parse_moved("MOVED 1 :7000"), Some((1, None)));
         assert_eq!(parse_moved("MOVED 1 h"), Some((1, None)));
-        for bad in ["MOVED 16384 h:1", "MOVED x h:1", "ASK 1 h:1"] {
+        for bad in [
+            "MOVED 16384 h:1",
+            "MOVED x h:1",
+            "ASK 1 h:1",
+            "MOVEDX 1 h:1",
+        ] {
             assert_eq!(parse_moved(bad), None, "{bad}");
         }
+        assert_eq!(
+            parse_redirect("ASK 12 10.0.0.7:6379", "ASK"),
+            Some((12, node("10.0.0.7", 6379)))
+        );
+        assert_eq!(parse_redirect("MOVED 12 h:1", "ASK"), None);
     }
 
     #[test]

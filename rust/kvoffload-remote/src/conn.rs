@@ -143,6 +143,8 @@ impl Write for Stream {
 pub struct Conn {
     reader: BufReader<Stream>,
     line: Vec<u8>,
+    /// Every command goes out after an `ASKING` (see [`Conn::set_asking`]).
+    asking: bool,
 }
 
 pub(crate) fn open(endpoint: &Endpoint, deadline: Instant) -> Result<TcpOrUnix> {
@@ -259,6 +261,7 @@ impl Conn {
         let mut conn = Conn {
             reader: BufReader::with_capacity(READ_BUF, Stream { socket, deadline }),
             line: Vec::with_capacity(128),
+            asking: false,
         };
         let mut p = Pipeline::new();
         let mut steps = Vec::new();
@@ -307,12 +310,44 @@ impl Conn {
         p.write_to(self.reader.get_mut())
     }
 
+    /// Sends each command of the pipelines made by [`Conn::pipeline`] after an `ASKING` (to the
+    /// node a migrating slot's keys went to, as an `ASK` answer says), and reads each reply
+    /// after that `ASKING`'s: every reply of a job starts with one `head` or `simple` call.
+    pub fn set_asking(&mut self, asking: bool) {
+        self.asking = asking;
+    }
+
+    pub fn is_asking(&self) -> bool {
+        self.asking
+    }
+
+    /// A pipeline for this connection (with `ASKING` before each command while asking).
+    pub fn pipeline<'a>(&self) -> Pipeline<'a> {
+        Pipeline::asking(self.asking)
+    }
+
+    fn asking_reply(&mut self) -> Result<()> {
+        if self.asking {
+            match resp::read_simple(&mut self.reader, &mut self.line)? {
+                Head::Simple(s) if s == b"OK" => {}
+                h => {
+                    return Err(RemoteError::Protocol(format!(
+                        "unexpected reply to ASKING: {h:?}"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn head(&mut self) -> Result<Head> {
+        self.asking_reply()?;
         resp::read_head(&mut self.reader, &mut self.line)
     }
 
     /// A reply without a payload; bulks and arrays are protocol errors here.
     pub fn simple(&mut self) -> Result<Head> {
+        self.asking_reply()?;
         resp::read_simple(&mut self.reader, &mut self.line)
     }
 

@@ -22,6 +22,9 @@ pub(crate) struct Ctx<'a> {
     pub touch_on_hit: bool,
     /// A Redis Cluster: a command's keys must share one slot (one chunk's).
     pub cluster: bool,
+    /// The `ASK` answers seen (slot, the node its keys went to): a migrating slot's chunk is
+    /// asked again there, after `ASKING`, once.
+    pub asked: std::cell::RefCell<Vec<(u16, Option<crate::cluster::Node>)>>,
     /// The `MOVED` answers seen (slot, new owner): the slot map is stale there.
     /// (`None`: an owner we cannot reach by its announced name; the map must be fetched anew.)
     pub moved: std::cell::RefCell<Vec<(u16, Option<crate::cluster::Node>)>>,
@@ -69,8 +72,10 @@ impl Ctx<'_> {
 
     /// An error reply settles one item; the connection is fine, so the breaker does not count it.
     fn server_error(&self, msg: &str) {
-        if let Some(m) = crate::cluster::parse_moved(msg) {
+        if let Some(m) = crate::cluster::parse_redirect(msg, "MOVED") {
             self.moved.borrow_mut().push(m);
+        } else if let Some(a) = crate::cluster::parse_redirect(msg, "ASK") {
+            self.asked.borrow_mut().push(a);
         }
         Counters::add(&self.stats.server_errors, 1);
         self.note(RemoteError::Server(msg.to_string()).to_string());
@@ -109,7 +114,7 @@ fn send_keyed(
     keys_per_chunk: usize,
     mut keys_of: impl FnMut(usize, &mut Vec<u8>, &mut dyn FnMut(&[u8])),
 ) -> Result<usize> {
-    let mut p = Pipeline::new();
+    let mut p = conn.pipeline();
     let mut k = Vec::new();
     let commands = if ctx.cluster { n } else { 1 };
     for c in 0..commands {
@@ -167,7 +172,7 @@ pub(crate) fn lookup_send(conn: &mut Conn, ctx: &Ctx<'_>, keys: &[Vec<u8>]) -> R
     // One EXISTS per chunk over every part of every shard: a chunk counts only whole, so a
     // shard evicted on one rank is a miss here, not a promotion that fails.
     let parts = ctx.lookup_ns.len() * ctx.parts().len();
-    let mut p = Pipeline::new();
+    let mut p = conn.pipeline();
     let mut k = Vec::new();
     for key in keys {
         p.command(1 + parts).arg(b"EXISTS");
@@ -299,7 +304,7 @@ fn write_pairs(
 ) -> Result<Vec<std::result::Result<bool, String>>> {
     let lay = ctx.layout;
     let ttl = ctx.ttl_ms.map(|t| t.to_string());
-    let mut p = Pipeline::new();
+    let mut p = conn.pipeline();
     let (mut kb, mut kh) = (Vec::new(), Vec::new());
     for &i in which {
         let (key, buf) = &items[i];
@@ -365,7 +370,7 @@ fn orphan_bodies(
     if refused.is_empty() {
         return Ok(refused);
     }
-    let mut p = Pipeline::new();
+    let mut p = conn.pipeline();
     let mut k = Vec::new();
     for &i in &refused {
         ctx.key(&mut k, &items[i].0, Part::Header);
@@ -437,6 +442,8 @@ fn read_header_part(
 /// Reads the `:b` reply straight into place, or skips it when the header already failed.
 fn read_body_part(conn: &mut Conn, ctx: &Ctx<'_>, want: bool, dest: &mut [u8]) -> Result<Got> {
     let n = match conn.head()? {
+        // After `ASK`, on the node importing the slot: a body not moved yet, not a damaged value.
+        Head::Nil if conn.is_asking() => return Ok(Got::Missing),
         Head::Nil => return Ok(Got::Corrupt("body part missing")),
         Head::Error(m) if m.starts_with("WRONGTYPE") => {
             return Ok(Got::Corrupt("body part is not a string"));
@@ -476,7 +483,7 @@ pub(crate) fn load(
     let window = (LOAD_WINDOW_BYTES / lay.chunk_bytes.max(1)).clamp(1, n.max(1));
     let keys: Vec<Vec<u8>> = items.iter().map(|(key, _)| key.clone()).collect();
     let send_gets = |conn: &mut Conn, k: &mut Vec<u8>, range: std::ops::Range<usize>| {
-        let mut p = Pipeline::new();
+        let mut p = conn.pipeline();
         for key in &keys[range] {
             for &part in ctx.parts() {
                 ctx.key(k, key, part);

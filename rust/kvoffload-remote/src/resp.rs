@@ -25,11 +25,21 @@ pub struct Pipeline<'a> {
     small: Vec<u8>,
     segs: Vec<Seg<'a>>,
     commands: usize,
+    asking: bool,
 }
 
 impl<'a> Pipeline<'a> {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A pipeline whose every command is preceded by `ASKING` (a Redis Cluster slot being
+    /// imported by the node it is sent to), when `asking`.
+    pub fn asking(asking: bool) -> Self {
+        Pipeline {
+            asking,
+            ..Self::default()
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -62,6 +72,9 @@ impl<'a> Pipeline<'a> {
 
     /// Starts a command of `nargs` arguments; follow with exactly that many `arg*` calls.
     pub fn command(&mut self, nargs: usize) -> &mut Self {
+        if self.asking {
+            self.push_small(b"*1\r\n$6\r\nASKING\r\n");
+        }
         self.commands += 1;
         self.push_len(b'*', nargs);
         self

@@ -104,7 +104,7 @@ impl NodeConns {
     fn runs<'m, T>(
         &self,
         cl: &ClusterState,
-        map: &'m SlotMap,
+        nodes: &'m [Node],
         g: &Grouped<T>,
     ) -> Vec<(&'m Node, Range<usize>)> {
         let mut runs = Vec::new();
@@ -112,8 +112,8 @@ impl NodeConns {
             match *owner {
                 SKIP => {}
                 // Its slots may have a new owner by now (a replica took over).
-                n if n == UNROUTED || cl.is_resting(&map.nodes[n]) => cl.mark_stale(),
-                n => runs.push((&map.nodes[n], range.clone())),
+                n if n == UNROUTED || cl.is_resting(&nodes[n]) => cl.mark_stale(),
+                n => runs.push((&nodes[n], range.clone())),
             }
         }
         runs
@@ -128,7 +128,7 @@ impl NodeConns {
         sh: &Shared,
         cl: &ClusterState,
         ctx: &Ctx<'_>,
-        map: &SlotMap,
+        route: &Route<'_>,
         items: &mut Vec<T>,
         key: impl Fn(&T) -> &[u8],
         st: &mut [u8],
@@ -137,8 +137,8 @@ impl NodeConns {
         run: impl Fn(&mut Conn, &Ctx<'_>, &mut [T], &mut [u8]) -> Result<()> + Sync,
     ) -> Round {
         let mut out = Round::default();
-        let mut g = group(std::mem::take(items), |i, t| owner(map, st[i], key(t)));
-        let runs = self.runs(cl, map, &g);
+        let mut g = group(std::mem::take(items), |i, t| route.owner(st[i], key(t)));
+        let runs = self.runs(cl, route.nodes, &g);
         let parts: Vec<(&Node, Option<Conn>, bool)> = runs
             .iter()
             .map(|(node, _)| {
@@ -157,11 +157,14 @@ impl NodeConns {
             let (res, conn) = match conn {
                 Ok(mut c) => {
                     c.set_deadline(deadline);
-                    (run(&mut c, &x, part, &mut sub_st), Some(c))
+                    c.set_asking(route.asking());
+                    let res = run(&mut c, &x, part, &mut sub_st);
+                    c.set_asking(false);
+                    (res, Some(c))
                 }
                 Err(e) => (Err(e), None),
             };
-            (res, conn, sub_st, x.moved.take())
+            (res, conn, sub_st, x.moved.take(), x.asked.take())
         };
         let results: Vec<_> = std::thread::scope(|scope| {
             let mut work = parts.into_iter().zip(slices);
@@ -177,8 +180,9 @@ impl NodeConns {
             );
             results
         });
-        for ((node, range), (res, conn, sub_st, moved)) in runs.iter().zip(results) {
+        for ((node, range), (res, conn, sub_st, moved, asked)) in runs.iter().zip(results) {
             ctx.moved.borrow_mut().extend(moved);
+            ctx.asked.borrow_mut().extend(asked);
             if let Some(c) = conn {
                 self.ever_connected.insert((*node).clone());
                 self.conns.insert((*node).clone(), c);
@@ -203,21 +207,22 @@ impl NodeConns {
         sh: &Shared,
         cl: &ClusterState,
         ctx: &Ctx<'_>,
-        map: &SlotMap,
+        route: &Route<'_>,
         keys: &mut Vec<Vec<u8>>,
         st: &mut [u8],
         deadline: Instant,
     ) -> Round {
         let mut out = Round::default();
-        let g = group(std::mem::take(keys), |i, k| owner(map, st[i], k));
-        let runs = self.runs(cl, map, &g);
+        let g = group(std::mem::take(keys), |i, k| route.owner(st[i], k));
+        let runs = self.runs(cl, route.nodes, &g);
         let mut sub_st: Vec<Vec<u8>> = runs.iter().map(|(_, r)| vec![PENDING; r.len()]).collect();
         // Per run: the TOUCH commands it has out, or None once its node failed.
         let mut touches: Vec<Option<usize>> = vec![Some(0); runs.len()];
         for (j, (node, range)) in runs.iter().enumerate() {
-            let sent = self
-                .conn(sh, node, deadline)
-                .and_then(|c| jobs::lookup_send(c, ctx, &g.items[range.clone()]));
+            let sent = self.conn(sh, node, deadline).and_then(|c| {
+                c.set_asking(route.asking());
+                jobs::lookup_send(c, ctx, &g.items[range.clone()])
+            });
             if let Err(e) = sent {
                 touches[j] = None;
                 self.failed(sh, cl, node, e, &mut out);
@@ -240,6 +245,11 @@ impl NodeConns {
                         self.failed(sh, cl, node, e, &mut out);
                     }
                 }
+            }
+        }
+        for (node, _) in &runs {
+            if let Some(c) = self.conns.get_mut(*node) {
+                c.set_asking(false);
             }
         }
         out.answered = touches.iter().any(Option::is_some);
@@ -276,16 +286,44 @@ impl NodeConns {
         }
         let mut answered = false;
         let mut last_err = None;
-        for round in 0..2 {
+        // Slots that answered `ASK`, and where their keys went: asked there once, after the
+        // `MOVED` retry (a slot being migrated keeps answering `ASK` until it is done).
+        let mut asks: HashMap<u16, Node> = HashMap::new();
+        let (mut moves_retried, mut asks_retried) = (false, false);
+        let mut asking = false;
+        loop {
             let map = cl.map();
             let ctx = sh.ctx();
+            let ask_nodes: Vec<Node>;
+            let ask_slots: HashMap<u16, usize>;
+            let route = if asking {
+                ask_nodes = asks
+                    .values()
+                    .cloned()
+                    .collect::<HashSet<_>>()
+                    .into_iter()
+                    .collect();
+                ask_slots = asks
+                    .iter()
+                    .filter_map(|(slot, n)| Some((*slot, ask_nodes.iter().position(|a| a == n)?)))
+                    .collect();
+                Route {
+                    nodes: &ask_nodes,
+                    slots: Slots::Ask(&ask_slots),
+                }
+            } else {
+                Route {
+                    nodes: &map.nodes,
+                    slots: Slots::Map(&map),
+                }
+            };
             let out = match &mut job.work {
-                Work::Lookup(keys) => self.lookup_round(sh, cl, &ctx, &map, keys, st, deadline),
+                Work::Lookup(keys) => self.lookup_round(sh, cl, &ctx, &route, keys, st, deadline),
                 Work::Store(items) => self.round(
                     sh,
                     cl,
                     &ctx,
-                    &map,
+                    &route,
                     items,
                     |it| &it.0,
                     st,
@@ -297,7 +335,7 @@ impl NodeConns {
                     sh,
                     cl,
                     &ctx,
-                    &map,
+                    &route,
                     items,
                     |it| &it.0,
                     st,
@@ -309,26 +347,41 @@ impl NodeConns {
             answered |= out.answered;
             last_err = out.err.or(last_err);
             let moves = ctx.moved.take();
-            if moves.is_empty() {
-                break;
+            if !asking {
+                asks.extend(
+                    ctx.asked
+                        .take()
+                        .into_iter()
+                        .filter_map(|(slot, n)| Some((slot, n?))),
+                );
             }
-            cl.apply_moves(&moves);
-            if round == 0 {
-                // The items of the moved slots failed: they run again on the new owners, and
-                // what they counted as failed is taken back.
-                let moved: HashSet<u16> = moves.iter().map(|(slot, _)| *slot).collect();
-                let mut again = 0u64;
-                for (i, s) in st.iter_mut().enumerate() {
-                    if *s == FAILED && moved.contains(&format::chunk_slot(job.key(i))) {
-                        *s = PENDING;
-                        again += 1;
-                    }
+            if !moves.is_empty() {
+                cl.apply_moves(&moves);
+            }
+            // Once more for the moved slots' items (on their new owners), then once for the
+            // migrating slots' (where `ASK` sent them); what they counted as failed is taken back.
+            let again: HashSet<u16> = if !moves.is_empty() && !moves_retried {
+                moves_retried = true;
+                asking = false;
+                moves.iter().map(|(slot, _)| *slot).collect()
+            } else if !asks.is_empty() && !asks_retried {
+                asks_retried = true;
+                asking = true;
+                asks.keys().copied().collect()
+            } else {
+                break;
+            };
+            let mut retried = 0u64;
+            for (i, s) in st.iter_mut().enumerate() {
+                if *s == FAILED && again.contains(&format::chunk_slot(job.key(i))) {
+                    *s = PENDING;
+                    retried += 1;
                 }
-                match job.work {
-                    Work::Lookup(_) => Counters::sub(&sh.stats.lookup_keys, again),
-                    Work::Store(_) => Counters::sub(&sh.stats.store_failures, again),
-                    Work::Load(_) => Counters::sub(&sh.stats.load_failures, again),
-                }
+            }
+            match job.work {
+                Work::Lookup(_) => Counters::sub(&sh.stats.lookup_keys, retried),
+                Work::Store(_) => Counters::sub(&sh.stats.store_failures, retried),
+                Work::Load(_) => Counters::sub(&sh.stats.load_failures, retried),
             }
         }
         let unsent = st.iter().filter(|&&s| s == PENDING).count() as u64;
@@ -393,12 +446,33 @@ fn split_runs<T>(items: &mut [T], ranges: impl Iterator<Item = Range<usize>>) ->
     out
 }
 
-fn owner(map: &SlotMap, status: u8, key: &[u8]) -> usize {
-    if status != PENDING {
-        SKIP
-    } else {
-        map.owner_of_slot(format::chunk_slot(key))
-            .unwrap_or(UNROUTED)
+/// Where a round sends its pending items: to the owner of their slot in the map, or, after
+/// `ASK` answers, to the node each migrating slot's keys went to, every command after `ASKING`.
+struct Route<'a> {
+    /// What an owner index points into.
+    nodes: &'a [Node],
+    slots: Slots<'a>,
+}
+
+enum Slots<'a> {
+    Map(&'a SlotMap),
+    Ask(&'a HashMap<u16, usize>),
+}
+
+impl Route<'_> {
+    fn owner(&self, status: u8, key: &[u8]) -> usize {
+        if status != PENDING {
+            return SKIP;
+        }
+        let slot = format::chunk_slot(key);
+        match self.slots {
+            Slots::Map(map) => map.owner_of_slot(slot).unwrap_or(UNROUTED),
+            Slots::Ask(asked) => asked.get(&slot).copied().unwrap_or(SKIP),
+        }
+    }
+
+    fn asking(&self) -> bool {
+        matches!(self.slots, Slots::Ask(_))
     }
 }
 

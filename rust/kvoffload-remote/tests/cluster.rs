@@ -165,6 +165,45 @@ fn a_half_done_migration_gives_a_hit_or_a_clean_miss() {
 }
 
 #[test]
+fn a_migrating_slot_is_followed_where_ask_sends_it() {
+    let Some(c) = Cluster::start() else { return };
+    let t = Tier::connect(config(&c.seed_url(), 32 * KB), NS).unwrap();
+    let ks = keys("asking", 8);
+    let d = data(8, 32 * KB, 51);
+    assert_eq!(store(&t, &ks, &d), vec![OK; 8]);
+    // Chunk 0's slot is being migrated and every key of it has gone: the source answers ASK
+    // until the slot is handed over, and the target serves it only after ASKING.
+    let slot = chunk_slot(&ks[0]);
+    let (_, to) = c.move_slot(slot, false, usize::MAX);
+    let (st, bufs) = load(&t, &ks);
+    assert_eq!(st, vec![OK; 8]);
+    assert!(bufs == d, "payload differs");
+    assert_eq!(lookup(&t, &ks), vec![OK; 8]);
+    // A chunk new to the migrating slot: Redis takes no multi-key write there (TRYAGAIN), so a
+    // split chunk (MSETNX of its two parts) is dropped, a clean failure; a one-key chunk is
+    // written where the slot's keys are going.
+    let fresh = (0..)
+        .map(|i| format!("asking-new-{i}").into_bytes())
+        .find(|k| chunk_slot(k) == slot)
+        .unwrap();
+    let fresh = std::slice::from_ref(&fresh);
+    assert_eq!(store(&t, fresh, &data(1, 32 * KB, 61)), vec![FAILED]);
+    assert_eq!(t.stats().store_failures, 1);
+    let small = Tier::connect(config(&c.seed_url(), 4 * KB), NS).unwrap();
+    let fd = data(1, 4 * KB, 62);
+    assert_eq!(store(&small, fresh, &fd), vec![OK]);
+    let mut on_target = c.nodes.iter().find(|n| n.port == to).unwrap().raw();
+    assert_eq!(on_target.cmd(&[b"ASKING"]), Reply::Simple("OK".into()));
+    let header = common::redis_key(&NS, &fresh[0], "h");
+    assert_eq!(on_target.int(&[b"EXISTS", &header]), 1);
+    assert_eq!(load(&small, fresh), (vec![OK], fd));
+    assert_eq!(small.stats().store_failures, 0);
+    // The ASK answers were followed, not counted as failures.
+    let s = t.stats();
+    assert_eq!((s.load_failures, s.corrupt), (0, 0), "{s:?}");
+}
+
+#[test]
 fn a_killed_primary_is_replaced_and_the_tier_recovers_without_a_restart() {
     let Some(mut c) = Cluster::start() else {
         return;
