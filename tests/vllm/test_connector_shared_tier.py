@@ -20,7 +20,7 @@ from vllm.v1.request import RequestStatus
 
 from kvoffload import ConfigError, NotSupportedError
 from kvoffload.vllm import KVOffloadConnector
-from redis_server import RedisServer, free_port, redis_server
+from redis_server import RedisCluster, RedisServer, free_port, redis_server
 
 PROMPT = prompt(7, 60)
 LONGER = PROMPT + prompt(8, 10)  # PROMPT's 5 chunks, then 10 tokens nobody has
@@ -87,6 +87,52 @@ def test_engines_share_a_cluster(model_dir, cluster, is_async):
     assert two.checked_positions["b"] >= 60
     s = stats(two)
     assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (5, 0)
+
+
+def taken_over(cluster: RedisCluster, dead: RedisServer) -> None:
+    """Waits until a replica has taken over from `dead`: three primaries again, every live node
+    says the cluster is ok, and the seed's slot map no longer names `dead`."""
+    live = [n for n in cluster.nodes if n is not dead]
+    deadline = time.monotonic() + 30
+    while True:
+        primaries = [n for n in live if bytes(n.command("ROLE")[0]) == b"master"]
+        ok = all(b"cluster_state:ok" in n.command("CLUSTER", "INFO") for n in live)
+        slots = live[0].command("CLUSTER", "SLOTS")
+        assert isinstance(slots, list)
+        named = any(node[1] == dead.port for entry in slots for node in entry[2:])
+        if len(primaries) == 3 and ok and not named:
+            return
+        assert time.monotonic() < deadline, "no replica took over"
+        time.sleep(0.1)
+
+
+def test_a_killed_primary_costs_its_chunks_and_the_engines_recover(model_dir, cluster):
+    prompts = [prompt(400 + i, 48) for i in range(8)]  # 32 chunks over the 3 primaries
+    one = engine(model_dir, cluster.url)
+    for i, p in enumerate(prompts):
+        serve(one, f"a{i}", p)
+    for primary in cluster.primaries():
+        assert primary.command("WAIT", 1, 5000) == 1  # replicated before the kill
+    victim = next(n for n in cluster.primaries() if n is not cluster.nodes[0])  # not the seed
+    victim.stop()  # SIGKILL
+    two = engine(model_dir, cluster.url)
+    slowest = 0.0
+    for i, p in enumerate(prompts):
+        two.add(f"b{i}", p, 2)
+        while True:
+            started = time.monotonic()
+            busy = two.step_once()
+            slowest = max(slowest, time.monotonic() - started)
+            if not busy:
+                break
+    # Every loaded position was checked byte for byte; chunks on the dead primary were
+    # recomputed (or found after the replica took over), the others loaded.
+    assert all(two.checked_positions[f"b{i}"] >= 48 for i in range(8))
+    assert 0 < stats(two).remote_chunks_promoted
+    assert slowest < 5.0  # a step waits at most a job's deadline (2 s + bytes), never hangs
+    taken_over(cluster, victim)
+    three = engine(model_dir, cluster.url)
+    assert [serve(three, f"c{i}", p) for i, p in enumerate(prompts)] == [48] * 8
 
 
 def test_plaintext_against_a_tls_port_stops_start_up(model_dir, redis_tls):
