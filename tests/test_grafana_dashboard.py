@@ -22,6 +22,7 @@ DASHBOARD = ROOT / "docs" / "grafana" / "kvoffload-dashboard.json"
 OPERATIONS = ROOT / "docs" / "operations.md"
 STATS = ROOT / "python" / "kvoffload" / "vllm" / "stats.py"
 REDIS_TIER = ROOT / "python" / "kvoffload" / "vllm" / "redis_tier.py"
+NODES = ROOT / "python" / "kvoffload" / "remote" / "nodes.py"
 
 # What a metric name may look like in PromQL; ours are the ones that mention kvoffload.
 IDENTIFIER = re.compile(r"(?<![\w:$])[A-Za-z_:][A-Za-z0-9_:]*")
@@ -70,11 +71,12 @@ def _name_prefixes(tree: ast.Module, factory: str) -> set[str]:
 
 
 def _node_metrics(tree: ast.Module) -> dict[str, str]:
-    """The per-node metrics of a module: `_NODE_METRIC` + each name of `_NODE_COUNTERS` and
-    `_NODE_GAUGES`."""
+    """The per-node metrics of a module: its `_NODE_METRIC` + each name of `NODE_COUNTERS` and
+    `NODE_GAUGES` (`kvoffload/remote/nodes.py`)."""
     prefix = _module_literal(tree, "_NODE_METRIC")
-    counters = _module_literal(tree, "_NODE_COUNTERS")
-    gauges = _module_literal(tree, "_NODE_GAUGES")
+    nodes = ast.parse(NODES.read_text())
+    counters = _module_literal(nodes, "NODE_COUNTERS")
+    gauges = _module_literal(nodes, "NODE_GAUGES")
     assert isinstance(prefix, str) and isinstance(counters, dict) and isinstance(gauges, dict)
     out = {scraped(prefix + n, "counter"): "counter" for n in counters}
     out.update({scraped(prefix + n, "gauge"): "gauge" for n in gauges})

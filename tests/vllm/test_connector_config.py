@@ -3,6 +3,8 @@ counting, stats and Prometheus counters."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from prom_recorder import Recorder
@@ -22,6 +24,7 @@ from kvoffload.scheduler import KVGroup
 from kvoffload.vllm import KVOffloadConnector, KVOffloadStats
 from kvoffload.vllm.metadata import KVOffloadWorkerMetadata
 from kvoffload.vllm.settings import ConnectorSettings
+from kvoffload.vllm.stats import NODES
 from kvoffload.vllm.worker_side import block_dim_of
 
 
@@ -213,3 +216,37 @@ def test_worker_reports_of_the_shared_tier_aggregate_per_key_and_by_sum():
     assert both.cascaded == {3: (2, 6, bytes([0, 1, 1, 0]))}
     alone = KVOffloadWorkerMetadata(cascaded={5: (1, 1, bytes([1]))})
     assert one.aggregate(alone).cascaded == {3: (1, 4, bytes([1, 1, 1, 1])), 5: (1, 1, b"\x01")}
+
+
+def test_per_node_reports_of_several_workers_merge_by_sum_and_largest_resting():
+    one = KVOffloadStats(data={NODES: {"h:1": {"bytes_read": 10, "failures": 0, "resting": 1}}})
+    other = KVOffloadStats(
+        data={
+            NODES: {
+                "h:1": {"bytes_read": 5, "failures": 2, "resting": 0},
+                "h:2": {"bytes_read": 7, "failures": 0, "resting": 0},
+            }
+        }
+    )
+    merged = one.aggregate(other)
+    assert merged.data[NODES] == {
+        "h:1": {"bytes_read": 15, "failures": 2, "resting": 1},
+        "h:2": {"bytes_read": 7, "failures": 0, "resting": 0},
+    }
+    assert NODES not in merged.reduce()  # the log line keeps the engine's totals
+
+
+@pytest.mark.parametrize(
+    ("replicated", "shards", "shard_of", "writers"),
+    [
+        (False, 4, [0, 1, 2, 3], [0, 1, 2, 3]),
+        # MLA at TP 2 x PP 2: ranks are pp * 2 + tp; each stage's TP rank 0 writes its shard.
+        (True, 2, [0, 0, 1, 1], [0, 2]),
+    ],
+)
+def test_shards_of_a_tp2_pp2_engine(model_dir, replicated, shards, shard_of, writers):
+    base = make_rig(model_dir).connector._sched().settings
+    settings = dataclasses.replace(base, world_size=4, tp_size=2, replicated=replicated)
+    assert settings.num_shards == shards
+    assert [settings.shard_of(r) for r in range(4)] == shard_of
+    assert [r for r in range(4) if settings.writes_shard(r)] == writers

@@ -23,7 +23,7 @@ from kvoffload.remote.client import (
 from kvoffload.remote.config import RemoteTierConfig
 from kvoffload.remote.lookups import RemoteLookups
 from kvoffload.remote.namespace import FORMAT_VERSION, TierIdentity
-from kvoffload.remote.nodes import NODE_COUNTERS, NodeReport
+from kvoffload.remote.nodes import NODE_COUNTERS, NODE_GAUGES, NodeReport
 from kvoffload.remote.shard import ShardIO
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MISSING",
     "NODE_COUNTERS",
+    "NODE_GAUGES",
     "OK",
     "Completion",
     "NodeReport",

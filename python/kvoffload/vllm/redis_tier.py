@@ -44,6 +44,8 @@ from kvoffload.remote import (
     CORRUPT,
     EXISTS,
     FAILED,
+    NODE_COUNTERS,
+    NODE_GAUGES,
     OK,
     NodeReport,
     RemoteClient,
@@ -69,15 +71,6 @@ _COUNTERS = {
 _METRIC = "kvoffload:redis_tier_"
 # Per node (a cluster's primaries, or the one server), labelled `node="host:port"`.
 _NODE_METRIC = "kvoffload:redis_tier_node_"
-_NODE_COUNTERS = {
-    "bytes_written": "Bytes this node stored (chunks new to it).",
-    "bytes_read": "Bytes loaded from this node.",
-    "failures": "Jobs, or their part on this node, that failed there (connect, I/O, timeout, "
-    "server error).",
-}
-_NODE_GAUGES = {
-    "resting": "1 while this node is left alone after a failure (the breaker's cool-down), else 0.",
-}
 # At most one warning per this many seconds about failed jobs: a down server fails every job.
 _WARN_EVERY_S = 10.0
 # The encoding of the data path's own `breaker_state` stat.
@@ -292,11 +285,11 @@ class RedisTier(SecondaryTierManager):
             labelnames=labels,
         )
         node_labels = (TIER_LABEL, "node")
-        for name, doc in _NODE_COUNTERS.items():
+        for name, doc in NODE_COUNTERS.items():
             metrics[_NODE_METRIC + name] = OffloadingCounterMetadata(
                 documentation=doc, labelnames=node_labels
             )
-        for name, doc in _NODE_GAUGES.items():
+        for name, doc in NODE_GAUGES.items():
             metrics[_NODE_METRIC + name] = OffloadingGaugeMetadata(
                 documentation=doc, labelnames=node_labels
             )
@@ -314,10 +307,10 @@ class RedisTier(SecondaryTierManager):
         stats.set_gauge(_METRIC + "breaker_state", _BREAKER_STATES[self.state], label)
         for node, moved in self._nodes.take().items():
             labels = (self.tier_type, node)
-            for name in _NODE_COUNTERS:
+            for name in NODE_COUNTERS:
                 if moved[name]:
                     stats.increase_counter(_NODE_METRIC + name, moved[name], labels)
-            for name in _NODE_GAUGES:
+            for name in NODE_GAUGES:
                 stats.set_gauge(_NODE_METRIC + name, moved[name], labels)
         return stats
 

@@ -100,7 +100,8 @@ class ConnectorSettings:
                     f"(prefill_context_parallel_size={cp[0]}, "
                     f"decode_context_parallel_size={cp[1]}); allowed: 1 and 1"
                 )
-            replicated = _replicated(spec)
+            # At TP 1 nothing is split: the layout (and so the digest) stays as it was.
+            replicated = _replicated(spec) and parallel.tensor_parallel_size > 1
             layout = f"kvoffload-pool/{vllm_config.cache_config.kv_cache_layout or 'default'}"
             if replicated:
                 # One shard per stage, not per rank: never met by a per-rank engine's keys.

@@ -14,6 +14,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetricT,
 )
 
+from kvoffload.remote import NODE_COUNTERS, NODE_GAUGES
 from kvoffload.scheduler import SchedulerStats
 
 # Prometheus name suffix and help text for each counter that is exported.
@@ -32,7 +33,8 @@ _COUNTERS: dict[str, str] = {
     "remote_chunks_promoted": "Chunks promoted from the shared tier into the CPU tier",
     "remote_chunks_failed": "Promoted chunks not filled (absent, corrupt, server down): recomputed",
     "remote_promotion_refusals": "Remote hits not promoted: no CPU-tier slot could take them",
-    "remote_shards_written": "Chunk shards (one per worker) written on to the shared tier",
+    "remote_shards_written": "Chunk shards (one per worker, or per pipeline stage on MLA) written "
+    "on to the shared tier",
     "remote_writes_dropped": "Chunk shards not written on (backpressure, server down, failure)",
     "ignored_params": "Invalid per-request kv_transfer_params values that were ignored",
 }
@@ -51,16 +53,6 @@ NODES = "remote_nodes"
 (`kvoffload.remote.NodeReport`), summed over the workers (`resting`: 1 if any saw it resting)."""
 # Per node of the shared tier, under this prefix with one more label, its `host:port`.
 _NODE_METRIC = "vllm:kvoffload_remote_node_"
-_NODE_COUNTERS: dict[str, str] = {
-    "bytes_written": "Bytes this node of the shared tier stored (all workers)",
-    "bytes_read": "Bytes loaded from this node of the shared tier (all workers)",
-    "failures": "Jobs, or their part on this node, that failed there (connect, I/O, timeout, "
-    "server error)",
-}
-_NODE_GAUGES: dict[str, str] = {
-    "resting": "1 while this node of the shared tier is left alone after a failure (the "
-    "breaker's cool-down), else 0",
-}
 
 
 def stats_delta(now: SchedulerStats, before: SchedulerStats) -> dict[str, int]:
@@ -129,9 +121,9 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
             name: self._counter_cls(
                 name=_NODE_METRIC + name, documentation=doc, labelnames=node_labels
             )
-            for name, doc in _NODE_COUNTERS.items()
+            for name, doc in NODE_COUNTERS.items()
         }
-        for name, doc in _NODE_GAUGES.items():
+        for name, doc in NODE_GAUGES.items():
             self._node_metrics[name] = self._gauge_cls(
                 name=_NODE_METRIC + name, documentation=doc, labelnames=node_labels
             )
@@ -150,7 +142,7 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
             labels = [*self._labelvalues[engine_idx], node]
             for name, value in report.items():
                 metric = self._node_metrics[name].labels(*labels)
-                if name in _NODE_GAUGES:
+                if name in NODE_GAUGES:
                     metric.set(value)
                 elif value:
                     metric.inc(value)

@@ -307,6 +307,13 @@ impl Conn {
     }
 
     pub fn send(&mut self, p: &Pipeline<'_>) -> Result<()> {
+        // While asking, every reply is read after an ASKING's: a pipeline without them would
+        // put the replies out of step.
+        debug_assert_eq!(
+            p.is_asking(),
+            self.asking,
+            "a pipeline not made by Conn::pipeline"
+        );
         p.write_to(self.reader.get_mut())
     }
 

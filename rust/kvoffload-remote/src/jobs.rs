@@ -25,6 +25,9 @@ pub(crate) struct Ctx<'a> {
     /// The `ASK` answers seen (slot, the node its keys went to): a migrating slot's chunk is
     /// asked again there, after `ASKING`, once.
     pub asked: std::cell::RefCell<Vec<(u16, Option<crate::cluster::Node>)>>,
+    /// Error replies other than redirects (OOM, READONLY, CLUSTERDOWN, TRYAGAIN, ...): the
+    /// node refused them, counted in its per-node `failures`.
+    pub refused: std::cell::Cell<u64>,
     /// The `MOVED` answers seen (slot, new owner): the slot map is stale there.
     /// (`None`: an owner we cannot reach by its announced name; the map must be fetched anew.)
     pub moved: std::cell::RefCell<Vec<(u16, Option<crate::cluster::Node>)>>,
@@ -76,6 +79,8 @@ impl Ctx<'_> {
             self.moved.borrow_mut().push(m);
         } else if let Some(a) = crate::cluster::parse_redirect(msg, "ASK") {
             self.asked.borrow_mut().push(a);
+        } else {
+            self.refused.set(self.refused.get() + 1);
         }
         Counters::add(&self.stats.server_errors, 1);
         self.note(RemoteError::Server(msg.to_string()).to_string());

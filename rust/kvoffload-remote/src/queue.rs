@@ -120,6 +120,7 @@ impl Shared {
             ttl_ms: self.cfg.ttl.map(|t| t.as_millis().max(1) as u64),
             touch_on_hit: self.cfg.touch_on_hit,
             cluster: self.cluster.is_some(),
+            refused: std::cell::Cell::new(0),
             asked: std::cell::RefCell::new(Vec::new()),
             moved: std::cell::RefCell::new(Vec::new()),
             stats: &self.stats,

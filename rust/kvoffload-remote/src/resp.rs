@@ -46,6 +46,10 @@ impl<'a> Pipeline<'a> {
         self.commands
     }
 
+    pub fn is_asking(&self) -> bool {
+        self.asking
+    }
+
     pub fn is_empty(&self) -> bool {
         self.commands == 0
     }

@@ -13,6 +13,7 @@ use crate::status::{FAILED, PENDING};
 use crate::url::Endpoint;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
+use std::sync::Mutex;
 use std::time::Instant;
 
 /// Sort keys of items that are not sent to a node this round.
@@ -65,7 +66,14 @@ struct Round {
     answered: bool,
     /// The last node failure.
     err: Option<RemoteError>,
+    /// The `MOVED` answers (slot, new owner).
+    moved: Vec<Redirect>,
+    /// The `ASK` answers (slot, where its keys went).
+    asked: Vec<Redirect>,
 }
+
+/// A slot and the node a `MOVED` or `ASK` answer names (`None`: it names none we can reach).
+type Redirect = (u16, Option<Node>);
 
 impl NodeConns {
     fn conn(&mut self, sh: &Shared, node: &Node, deadline: Instant) -> Result<&mut Conn> {
@@ -94,7 +102,7 @@ impl NodeConns {
             cl.rest(node, sh.cfg.breaker_cooldown);
         }
         let name = crate::cluster::node_name(node);
-        sh.nodes.failed(&name);
+        sh.nodes.failed(&name, 1);
         sh.note(format!("cluster node {name}: {e}"));
         out.err = Some(e);
     }
@@ -120,14 +128,14 @@ impl NodeConns {
     }
 
     /// Runs the pending items of `items` (their statuses in `st`) with `run`, every node's part
-    /// at once (each on a thread of its own but the first): a node that hangs holds up only its
-    /// own items, and the job takes as long as its slowest node, not the sum of them.
+    /// at once (each on a thread of its own but the first, or inline where the system gives no
+    /// thread): a node that hangs holds up only its own items, and the job takes as long as its
+    /// slowest node, not the sum of them.
     #[allow(clippy::too_many_arguments)]
     fn round<T: Send>(
         &mut self,
         sh: &Shared,
         cl: &ClusterState,
-        ctx: &Ctx<'_>,
         route: &Route<'_>,
         items: &mut Vec<T>,
         key: impl Fn(&T) -> &[u8],
@@ -139,17 +147,25 @@ impl NodeConns {
         let mut out = Round::default();
         let mut g = group(std::mem::take(items), |i, t| route.owner(st[i], key(t)));
         let runs = self.runs(cl, route.nodes, &g);
-        let parts: Vec<(&Node, Option<Conn>, bool)> = runs
+        let slices = split_runs(&mut g.items, runs.iter().map(|(_, r)| r.clone()));
+        // Each part, taken by whichever thread runs it.
+        let parts: Vec<Mutex<Option<Part<'_, T>>>> = runs
             .iter()
-            .map(|(node, _)| {
+            .zip(slices)
+            .map(|((node, _), items)| {
                 let known = self.ever_connected.contains(*node);
-                (*node, self.conns.remove(*node), known)
+                let conn = self.conns.remove(*node);
+                Mutex::new(Some((*node, conn, known, items)))
             })
             .collect();
-        let slices = split_runs(&mut g.items, runs.iter().map(|(_, r)| r.clone()));
-        let one = |(node, conn, known): (&Node, Option<Conn>, bool), part: &mut [T]| {
+        let one = |part: &Mutex<Option<Part<'_, T>>>| {
+            let (node, conn, known, items) = part
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .expect("each part runs once");
             let x = sh.ctx();
-            let mut sub_st = vec![PENDING; part.len()];
+            let mut sub_st = vec![PENDING; items.len()];
             let conn = match conn {
                 Some(c) => Ok(c),
                 None => connect(sh, node, deadline, known),
@@ -158,37 +174,46 @@ impl NodeConns {
                 Ok(mut c) => {
                     c.set_deadline(deadline);
                     c.set_asking(route.asking());
-                    let res = run(&mut c, &x, part, &mut sub_st);
+                    let res = run(&mut c, &x, items, &mut sub_st);
                     c.set_asking(false);
                     (res, Some(c))
                 }
                 Err(e) => (Err(e), None),
             };
-            (res, conn, sub_st, x.moved.take(), x.asked.take())
+            let redirects = (x.moved.take(), x.asked.take());
+            (res, conn, sub_st, x.refused.get(), redirects)
         };
         let results: Vec<_> = std::thread::scope(|scope| {
-            let mut work = parts.into_iter().zip(slices);
-            let first = work.next();
-            let others: Vec<_> = work
-                .map(|(p, part)| scope.spawn(move || one(p, part)))
+            let spawned: Vec<_> = parts
+                .iter()
+                .skip(1)
+                .map(|part| {
+                    std::thread::Builder::new()
+                        .spawn_scoped(scope, || one(part))
+                        .ok()
+                })
                 .collect();
-            let mut results: Vec<_> = first.map(|(p, part)| one(p, part)).into_iter().collect();
-            results.extend(
-                others
-                    .into_iter()
-                    .map(|h| h.join().expect("a node's part never panics")),
-            );
+            let mut results: Vec<_> = parts.iter().take(1).map(one).collect();
+            for (part, handle) in parts.iter().skip(1).zip(spawned) {
+                results.push(match handle {
+                    Some(h) => h.join().expect("a node's part never panics"),
+                    None => one(part), // no thread to be had: this one runs it
+                });
+            }
             results
         });
-        for ((node, range), (res, conn, sub_st, moved, asked)) in runs.iter().zip(results) {
-            ctx.moved.borrow_mut().extend(moved);
-            ctx.asked.borrow_mut().extend(asked);
+        for ((node, range), (res, conn, sub_st, refused, (moved, asked))) in
+            runs.iter().zip(results)
+        {
+            out.moved.extend(moved);
+            out.asked.extend(asked);
             if let Some(c) = conn {
                 self.ever_connected.insert((*node).clone());
                 self.conns.insert((*node).clone(), c);
             }
             let name = crate::cluster::node_name(node);
             sh.nodes.moved(&name, store, &sub_st, sh.layout.chunk_bytes);
+            sh.nodes.failed(&name, refused);
             settle(&g, range, &sub_st, st);
             match res {
                 Ok(()) => out.answered = true,
@@ -201,18 +226,17 @@ impl NodeConns {
 
     /// [`NodeConns::round`] for lookups, pipelined to every node at once: all nodes are asked
     /// before any answer is read, so a lookup over three nodes costs about one round trip.
-    #[allow(clippy::too_many_arguments)]
     fn lookup_round(
         &mut self,
         sh: &Shared,
         cl: &ClusterState,
-        ctx: &Ctx<'_>,
         route: &Route<'_>,
         keys: &mut Vec<Vec<u8>>,
         st: &mut [u8],
         deadline: Instant,
     ) -> Round {
         let mut out = Round::default();
+        let ctx = sh.ctx();
         let g = group(std::mem::take(keys), |i, k| route.owner(st[i], k));
         let runs = self.runs(cl, route.nodes, &g);
         let mut sub_st: Vec<Vec<u8>> = runs.iter().map(|(_, r)| vec![PENDING; r.len()]).collect();
@@ -221,7 +245,7 @@ impl NodeConns {
         for (j, (node, range)) in runs.iter().enumerate() {
             let sent = self.conn(sh, node, deadline).and_then(|c| {
                 c.set_asking(route.asking());
-                jobs::lookup_send(c, ctx, &g.items[range.clone()])
+                jobs::lookup_send(c, &ctx, &g.items[range.clone()])
             });
             if let Err(e) = sent {
                 touches[j] = None;
@@ -233,11 +257,14 @@ impl NodeConns {
                 let (Some(t), Some(c)) = (touches[j], self.conns.get_mut(*node)) else {
                     continue;
                 };
+                let refused = ctx.refused.get();
                 let res = if phase == 0 {
-                    jobs::lookup_read(c, ctx, &g.items[range.clone()], &mut sub_st[j])
+                    jobs::lookup_read(c, &ctx, &g.items[range.clone()], &mut sub_st[j])
                 } else {
-                    jobs::lookup_finish(c, ctx, t).map(|()| 0)
+                    jobs::lookup_finish(c, &ctx, t).map(|()| 0)
                 };
+                let name = crate::cluster::node_name(node);
+                sh.nodes.failed(&name, ctx.refused.get() - refused);
                 match res {
                     Ok(t) => touches[j] = Some(t),
                     Err(e) => {
@@ -257,6 +284,8 @@ impl NodeConns {
             settle(&g, range, sub, st);
         }
         *keys = ungroup(g);
+        out.moved = ctx.moved.take();
+        out.asked = ctx.asked.take();
         out
     }
 
@@ -288,25 +317,15 @@ impl NodeConns {
         let mut last_err = None;
         // Slots that answered `ASK`, and where their keys went: asked there once, after the
         // `MOVED` retry (a slot being migrated keeps answering `ASK` until it is done).
-        let mut asks: HashMap<u16, Node> = HashMap::new();
+        let mut asks: Vec<Redirect> = Vec::new();
         let (mut moves_retried, mut asks_retried) = (false, false);
         let mut asking = false;
+        // Items put back for a retry: counted again only if they are sent again.
+        let mut retried = vec![false; st.len()];
         loop {
             let map = cl.map();
-            let ctx = sh.ctx();
-            let ask_nodes: Vec<Node>;
-            let ask_slots: HashMap<u16, usize>;
+            let (ask_nodes, ask_slots) = ask_route(&asks);
             let route = if asking {
-                ask_nodes = asks
-                    .values()
-                    .cloned()
-                    .collect::<HashSet<_>>()
-                    .into_iter()
-                    .collect();
-                ask_slots = asks
-                    .iter()
-                    .filter_map(|(slot, n)| Some((*slot, ask_nodes.iter().position(|a| a == n)?)))
-                    .collect();
                 Route {
                     nodes: &ask_nodes,
                     slots: Slots::Ask(&ask_slots),
@@ -318,11 +337,10 @@ impl NodeConns {
                 }
             };
             let out = match &mut job.work {
-                Work::Lookup(keys) => self.lookup_round(sh, cl, &ctx, &route, keys, st, deadline),
+                Work::Lookup(keys) => self.lookup_round(sh, cl, &route, keys, st, deadline),
                 Work::Store(items) => self.round(
                     sh,
                     cl,
-                    &ctx,
                     &route,
                     items,
                     |it| &it.0,
@@ -334,7 +352,6 @@ impl NodeConns {
                 Work::Load(items) => self.round(
                     sh,
                     cl,
-                    &ctx,
                     &route,
                     items,
                     |it| &it.0,
@@ -346,14 +363,9 @@ impl NodeConns {
             };
             answered |= out.answered;
             last_err = out.err.or(last_err);
-            let moves = ctx.moved.take();
+            let moves = out.moved;
             if !asking {
-                asks.extend(
-                    ctx.asked
-                        .take()
-                        .into_iter()
-                        .filter_map(|(slot, n)| Some((slot, n?))),
-                );
+                asks.extend(out.asked);
             }
             if !moves.is_empty() {
                 cl.apply_moves(&moves);
@@ -367,22 +379,32 @@ impl NodeConns {
             } else if !asks.is_empty() && !asks_retried {
                 asks_retried = true;
                 asking = true;
-                asks.keys().copied().collect()
+                asks.iter().map(|(slot, _)| *slot).collect()
             } else {
                 break;
             };
-            let mut retried = 0u64;
+            let mut again_now = 0u64;
             for (i, s) in st.iter_mut().enumerate() {
                 if *s == FAILED && again.contains(&format::chunk_slot(job.key(i))) {
                     *s = PENDING;
-                    retried += 1;
+                    retried[i] = true;
+                    again_now += 1;
                 }
             }
             match job.work {
-                Work::Lookup(_) => Counters::sub(&sh.stats.lookup_keys, retried),
-                Work::Store(_) => Counters::sub(&sh.stats.store_failures, retried),
-                Work::Load(_) => Counters::sub(&sh.stats.load_failures, retried),
+                Work::Lookup(_) => Counters::sub(&sh.stats.lookup_keys, again_now),
+                Work::Store(_) => Counters::sub(&sh.stats.store_failures, again_now),
+                Work::Load(_) => Counters::sub(&sh.stats.load_failures, again_now),
             }
+        }
+        // A lookup key taken back for a retry that never went out was still asked once.
+        if let Work::Lookup(_) = job.work {
+            let not_resent = st
+                .iter()
+                .zip(&retried)
+                .filter(|&(&s, &r)| r && s == PENDING)
+                .count() as u64;
+            Counters::add(&sh.stats.lookup_keys, not_resent);
         }
         let unsent = st.iter().filter(|&&s| s == PENDING).count() as u64;
         match last_err {
@@ -407,6 +429,25 @@ impl NodeConns {
             }
         }
     }
+}
+
+/// A part of a round: its node, this worker's connection to it (if any), whether this worker
+/// was ever connected to it, and its items.
+type Part<'a, T> = (&'a Node, Option<Conn>, bool, &'a mut [T]);
+
+/// The nodes `ASK` named (each once) and each asked slot's index among them.
+fn ask_route(asks: &[Redirect]) -> (Vec<Node>, HashMap<u16, usize>) {
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut slots = HashMap::new();
+    for (slot, node) in asks {
+        let Some(node) = node else { continue };
+        let i = nodes.iter().position(|n| n == node).unwrap_or_else(|| {
+            nodes.push(node.clone());
+            nodes.len() - 1
+        });
+        slots.insert(*slot, i);
+    }
+    (nodes, slots)
 }
 
 /// Connects to `node` (counted: a reconnect if this worker had been connected to it before, or

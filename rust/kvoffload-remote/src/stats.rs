@@ -103,8 +103,8 @@ impl Counters {
 pub struct NodeStats {
     pub bytes_written: u64,
     pub bytes_read: u64,
-    /// Jobs, or a job's part, that failed on this node: a connect, I/O, timeout, protocol or
-    /// server error.
+    /// Failures on this node: a job (or its part here) whose connection failed (connect, I/O,
+    /// timeout, protocol error), and each error reply (OOM, READONLY, CLUSTERDOWN, ...).
     pub failures: u64,
     /// Left alone now after a failure: a cluster's node resting for the breaker's cool-down, the
     /// one server while the tier's breaker is open.
@@ -143,8 +143,11 @@ impl PerNode {
         }
     }
 
-    pub(crate) fn failed(&self, node: &str) {
-        self.with(node, |s| s.failures += 1);
+    /// `n` more failures on `node` (a failed connection or job, or error replies).
+    pub(crate) fn failed(&self, node: &str, n: u64) {
+        if n > 0 {
+            self.with(node, |s| s.failures += n);
+        }
     }
 
     /// Every node seen, and `also` (the nodes of the current map), with `resting` from `rests`.

@@ -219,7 +219,7 @@ impl Tier {
         if let Some(e) = unreachable {
             Counters::add(&sh.stats.connect_failures, 1);
             if sh.cluster.is_none() {
-                sh.nodes.failed(&sh.server_name());
+                sh.nodes.failed(&sh.server_name(), 1);
             }
             sh.breaker.trip();
             Counters::add(&sh.stats.breaker_opens, 1);

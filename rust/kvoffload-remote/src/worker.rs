@@ -79,11 +79,13 @@ impl Worker {
         }
         let ctx = sh.ctx();
         let conn = self.connection(sh, deadline)?;
-        match &mut job.work {
+        let res = match &mut job.work {
             Work::Lookup(keys) => jobs::lookup(conn, &ctx, keys, st),
             Work::Store(items) => jobs::store(conn, &ctx, items, st),
             Work::Load(items) => jobs::load(conn, &ctx, items, st),
-        }
+        };
+        sh.nodes.failed(&sh.server_name(), ctx.refused.get());
+        res
     }
 
     fn run(&mut self, sh: &Shared, job: &mut Job) -> Vec<u8> {
@@ -128,7 +130,7 @@ impl Worker {
                     .moved(&sh.server_name(), store, &st, sh.layout.chunk_bytes);
             }
             if result.is_err() {
-                sh.nodes.failed(&sh.server_name());
+                sh.nodes.failed(&sh.server_name(), 1);
             }
         }
         match result {

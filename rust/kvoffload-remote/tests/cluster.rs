@@ -152,15 +152,15 @@ fn a_half_done_migration_gives_a_hit_or_a_clean_miss() {
     // Chunk 0's slot is half migrated: one of its two keys is on the target, one not.
     c.move_slot(chunk_slot(&ks[0]), false, 1);
     let (st, bufs) = load(&t, &ks);
-    for (i, s) in st.iter().enumerate() {
-        assert!(matches!(*s, OK | MISSING | FAILED), "chunk {i}: {s}");
-        if *s == OK {
-            assert!(bufs[i] == d[i], "chunk {i} served wrong bytes");
-        }
-    }
-    assert_eq!(&st[1..], &[OK; 7][..]);
+    // The source answers ASK for the part that left; on the target (after ASKING) the other
+    // part is not there yet: a clean miss, not a failure and never corrupt.
+    assert_eq!(st, [vec![MISSING], vec![OK; 7]].concat());
+    assert!(bufs[1..] == d[1..], "payload differs");
+    assert_eq!(t.stats().load_failures, 0);
+    // EXISTS of both parts, one of them gone: TRYAGAIN (Redis refuses a multi-key command
+    // while a slot's keys are split), a miss for this lookup.
     let found = lookup(&t, &ks);
-    assert!(matches!(found[0], OK | MISSING | FAILED));
+    assert_eq!(found, [vec![FAILED], vec![OK; 7]].concat());
     assert_eq!(t.stats().corrupt, 0);
 }
 
@@ -244,14 +244,18 @@ fn a_killed_primary_is_replaced_and_the_tier_recovers_without_a_restart() {
     };
     // A job fails by its deadline (0.5 s + bytes) while the primary is gone, never hangs.
     assert!(slowest < Duration::from_secs(3), "a load took {slowest:?}");
-    // The failures are the dead node's: the others served their chunks all along.
+    // The dead node failed and rested; the others only refused jobs with CLUSTERDOWN while
+    // the cluster was down (error replies: counted, no rest).
     let nodes = t.node_stats();
-    let failed: Vec<&String> = nodes
-        .iter()
-        .filter(|(_, s)| s.failures > 0)
-        .map(|(n, _)| n)
-        .collect();
-    assert_eq!(failed, vec![&format!("127.0.0.1:{victim}")], "{nodes:?}");
+    let dead = format!("127.0.0.1:{victim}");
+    for (name, s) in &nodes {
+        if *name == dead {
+            assert!(s.failures >= 1, "{nodes:?}");
+        } else {
+            assert!(!s.resting, "{nodes:?}");
+        }
+    }
+    assert!(nodes.iter().any(|(n, _)| *n == dead), "{nodes:?}");
     eprintln!(
         "failover: every chunk loaded again {recovered:?} after the kill; slowest load {slowest:?}"
     );

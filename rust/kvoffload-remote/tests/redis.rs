@@ -384,6 +384,12 @@ fn out_of_memory_fails_stores_without_tripping_the_breaker() {
         "{stats:?}"
     );
     assert_eq!(t.state(), BreakerState::Up);
+    // Each OOM reply is a failure of the node, which does not rest for it.
+    let [(_, node)] = &t.node_stats()[..] else {
+        panic!("one server, one node")
+    };
+    assert_eq!(node.failures, stats.server_errors, "{node:?}");
+    assert!(!node.resting);
     // Whatever was reported OK loads; the failed ones are cleanly missing, not corrupt.
     let (ld, _) = load(&t, &ks);
     for (a, b) in st.iter().zip(&ld) {
