@@ -43,7 +43,7 @@ lint: build
 	$(PY) -m mypy.stubtest kvoffload._rust
 
 test-rust:
-	cargo test -p kvoffload-core -p kvoffload-remote
+	cargo test -p kvoffload-core -p kvoffload-format -p kvoffload-remote -p kvoffload-disk
 
 # The docs site, into site/: a broken link, anchor or page, or an API reference entry that does
 # not resolve, fails the build (--strict). Its Python examples run in test-python.

@@ -1,0 +1,52 @@
+//! The disk tier's settings.
+
+use crate::error::{DiskError, Result};
+use std::path::PathBuf;
+
+/// Whether reads and writes bypass the page cache (`O_DIRECT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectIo {
+    /// Where the filesystem takes it (probed at open); otherwise buffered.
+    Auto,
+    /// Always: a filesystem that refuses it stops open.
+    On,
+    /// Never (through the page cache, which is told to drop the tier's pages).
+    Off,
+}
+
+#[derive(Clone, Debug)]
+pub struct DiskConfig {
+    /// The tier's directory (created if absent); several engines may share it.
+    pub path: PathBuf,
+    /// Bytes of one chunk (the payload of one file).
+    pub chunk_bytes: usize,
+    pub direct: DirectIo,
+}
+
+/// At most 1 GiB per chunk: larger is a mistake in the caller's arithmetic.
+pub const MAX_CHUNK_BYTES: usize = 1 << 30;
+
+impl DiskConfig {
+    pub fn new(path: impl Into<PathBuf>, chunk_bytes: usize) -> DiskConfig {
+        DiskConfig {
+            path: path.into(),
+            chunk_bytes,
+            direct: DirectIo::Auto,
+        }
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        if !(1..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes) {
+            return Err(DiskError::Config(format!(
+                "chunk_bytes={} is out of range; allowed: 1 to {MAX_CHUNK_BYTES}",
+                self.chunk_bytes
+            )));
+        }
+        if self.path.as_os_str().is_empty() {
+            return Err(DiskError::Config(
+                "path='' is empty; give the tier's directory".into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,36 @@
+//! What can go wrong on the disk tier.
+
+use std::fmt;
+use std::io;
+
+#[derive(Debug)]
+pub enum DiskError {
+    /// A setting that cannot work; the message names the key and the value.
+    Config(String),
+    /// The filesystem failed: what was being done, and the error.
+    Io(String, io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, DiskError>;
+
+impl DiskError {
+    pub(crate) fn io(what: impl Into<String>, e: io::Error) -> DiskError {
+        DiskError::Io(what.into(), e)
+    }
+
+    /// The filesystem is full (or over quota): a store is dropped, the tier keeps serving.
+    pub fn is_full(&self) -> bool {
+        matches!(self, DiskError::Io(_, e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)))
+    }
+}
+
+impl fmt::Display for DiskError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DiskError::Config(m) => write!(f, "disk tier: {m}"),
+            DiskError::Io(what, e) => write!(f, "disk tier: {what}: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for DiskError {}

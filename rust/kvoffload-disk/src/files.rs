@@ -1,0 +1,71 @@
+//! Where a chunk's file lives, and opening files with or without `O_DIRECT`.
+
+use crate::aligned::ALIGN;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// The header's block: the 64-byte header, zero-padded, so the payload starts aligned.
+pub const HEADER_BLOCK: usize = ALIGN;
+/// The directory of one namespace: `kvo1-` + its digest in hex. A new file layout gets a new
+/// prefix, so files of another layout or namespace are never read, nor removed.
+pub const DIR_PREFIX: &str = "kvo1-";
+/// Files being written: invisible to readers until renamed.
+pub const TMP_PREFIX: &str = ".tmp-";
+/// Keys longer than this are refused: a file name holds two hex digits a byte, 255 at most.
+pub const MAX_KEY_BYTES: usize = 120;
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn unhex(name: &str) -> Option<Vec<u8>> {
+    if name.len() % 2 != 0 {
+        return None;
+    }
+    (0..name.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(name.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// `dir/<2 hex digits of the key's digest>/<key in hex>`: 256 subdirectories, so none grows to
+/// millions of entries.
+pub fn chunk_path(dir: &Path, key: &[u8]) -> PathBuf {
+    let fan = kvoffload_format::key_digest(key)[0];
+    dir.join(format!("{fan:02x}")).join(hex(key))
+}
+
+/// Bytes of a chunk's file: the header block and the payload, padded to a whole block.
+pub fn file_len(chunk_bytes: usize) -> u64 {
+    (HEADER_BLOCK + crate::aligned::round_up(chunk_bytes)) as u64
+}
+
+pub fn create(path: &Path, direct: bool) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.write(true).create_new(true).mode(0o644);
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    o.open(path)
+}
+
+pub fn open(path: &Path, direct: bool) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.read(true);
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    o.open(path)
+}
+
+/// Tells the kernel the file's cached pages are not wanted again (buffered I/O: the tier's bytes
+/// must not push the engine's own out of the page cache). Best effort.
+pub fn drop_cache(f: &File) {
+    // SAFETY: a valid descriptor; the call only advises the kernel.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+}

@@ -1,0 +1,21 @@
+//! The disk tier's data path: one file per chunk under a directory of its namespace, each file the
+//! chunk's 64-byte header (kvoffload-format) in a 4 KiB block, then its bytes. A file becomes
+//! visible whole (written under a temporary name, then renamed), so a reader never sees half of
+//! one, also with several engines writing one chunk at once; and a truncated, flipped, foreign or
+//! stale file is never served (it is removed and counted). Reads and writes go straight between
+//! the caller's memory and the disk with `O_DIRECT` where the filesystem takes it (probed at
+//! open), and otherwise through the page cache, which is told to drop the tier's pages.
+//!
+//! No PyO3 here: the binding translates.
+
+mod aligned;
+mod config;
+mod error;
+mod files;
+mod stats;
+mod tier;
+
+pub use config::{DirectIo, DiskConfig};
+pub use error::{DiskError, Result};
+pub use stats::Stats;
+pub use tier::{DiskTier, Loaded, Stored};

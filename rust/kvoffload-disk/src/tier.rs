@@ -1,0 +1,330 @@
+//! `DiskTier`: store, load and remove chunks, each one file.
+
+use crate::aligned::{is_aligned, round_up, AlignedBuf, ALIGN};
+use crate::config::{DirectIo, DiskConfig};
+use crate::error::{DiskError, Result};
+use crate::files::{self, HEADER_BLOCK, MAX_KEY_BYTES, TMP_PREFIX};
+use crate::stats::{Counters, Stats};
+use kvoffload_format::{crc, Header, Layout, HEADER_LEN};
+use std::fs::{self, File};
+use std::io::{self, ErrorKind};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What a store did.
+#[derive(Debug)]
+pub enum Stored {
+    Written,
+    /// The chunk's file was there already: nothing written.
+    Exists,
+    /// Not written (the filesystem full, or failing): the error.
+    Failed(DiskError),
+}
+
+/// What a load found.
+#[derive(Debug)]
+pub enum Loaded {
+    /// `dest` holds the chunk, every check passed.
+    Ok,
+    Missing,
+    /// A file that failed a check (why): removed, `dest` must not be used.
+    Corrupt(&'static str),
+    Failed(DiskError),
+}
+
+pub struct DiskTier {
+    dir: PathBuf,
+    ns: [u8; 16],
+    layout: Layout,
+    direct: bool,
+    tmp_seq: AtomicU64,
+    stats: Counters,
+}
+
+impl DiskTier {
+    /// Opens (creating it) the directory of namespace `ns` under `cfg.path`, and finds out
+    /// whether its filesystem takes `O_DIRECT`.
+    pub fn open(cfg: DiskConfig, ns: [u8; 16]) -> Result<DiskTier> {
+        cfg.check()?;
+        let dir = cfg
+            .path
+            .join(format!("{}{}", files::DIR_PREFIX, files::hex(&ns)));
+        fs::create_dir_all(&dir).map_err(|e| {
+            DiskError::io(
+                format!(
+                    "path={}: cannot create the tier's directory",
+                    cfg.path.display()
+                ),
+                e,
+            )
+        })?;
+        let direct = match cfg.direct {
+            DirectIo::Off => false,
+            DirectIo::Auto => probe_direct(&dir),
+            DirectIo::On if probe_direct(&dir) => true,
+            DirectIo::On => {
+                return Err(DiskError::Config(format!(
+                    "direct_io=on: the filesystem of path={} does not take O_DIRECT; use \
+                     \"auto\" or \"off\"",
+                    cfg.path.display()
+                )))
+            }
+        };
+        Ok(DiskTier {
+            dir,
+            ns,
+            layout: Layout::whole(cfg.chunk_bytes),
+            direct,
+            tmp_seq: AtomicU64::new(0),
+            stats: Counters::default(),
+        })
+    }
+
+    /// Whether reads and writes bypass the page cache.
+    pub fn direct(&self) -> bool {
+        self.direct
+    }
+
+    /// The namespace's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats.snapshot()
+    }
+
+    fn path_of(&self, key: &[u8]) -> Result<PathBuf> {
+        if key.is_empty() || key.len() > MAX_KEY_BYTES {
+            return Err(DiskError::Config(format!(
+                "a key of {} bytes; allowed: 1 to {MAX_KEY_BYTES}",
+                key.len()
+            )));
+        }
+        Ok(files::chunk_path(&self.dir, key))
+    }
+
+    /// Whether chunk `key` has a file (not checked: a load checks).
+    pub fn exists(&self, key: &[u8]) -> bool {
+        self.path_of(key).is_ok_and(|p| p.exists())
+    }
+
+    /// Writes chunk `key` (`payload`, exactly `chunk_bytes`) unless its file is there. The file
+    /// is written under a temporary name and renamed, so it appears whole or not at all.
+    pub fn store(&self, key: &[u8], payload: &[u8]) -> Stored {
+        let out = self.try_store(key, payload);
+        let c = &self.stats;
+        match &out {
+            Stored::Written => {
+                Counters::add(&c.stored_chunks, 1);
+                Counters::add(&c.bytes_written, payload.len() as u64);
+            }
+            Stored::Exists => Counters::add(&c.store_exists, 1),
+            Stored::Failed(e) => {
+                Counters::add(&c.store_failures, 1);
+                if e.is_full() {
+                    Counters::add(&c.stores_full, 1);
+                }
+            }
+        }
+        out
+    }
+
+    fn try_store(&self, key: &[u8], payload: &[u8]) -> Stored {
+        if payload.len() != self.layout.chunk_bytes {
+            return Stored::Failed(DiskError::Config(format!(
+                "a payload of {} bytes; this tier's chunks are {}",
+                payload.len(),
+                self.layout.chunk_bytes
+            )));
+        }
+        let path = match self.path_of(key) {
+            Ok(p) => p,
+            Err(e) => return Stored::Failed(e),
+        };
+        if path.exists() {
+            return Stored::Exists;
+        }
+        let parent = path.parent().expect("a chunk's file has a directory");
+        let tmp = parent.join(format!(
+            "{TMP_PREFIX}{}-{}",
+            std::process::id(),
+            self.tmp_seq.fetch_add(1, Ordering::Relaxed)
+        ));
+        let file = match files::create(&tmp, self.direct) {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                // First file of its subdirectory, or the directory was removed under us.
+                if let Err(e) = fs::create_dir_all(parent) {
+                    return Stored::Failed(DiskError::io("creating a subdirectory", e));
+                }
+                files::create(&tmp, self.direct)
+            }
+            other => other,
+        };
+        let written = file.and_then(|f| self.write_chunk(&f, key, payload));
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Stored::Failed(DiskError::io("writing a chunk", e));
+        }
+        // rename replaces a file another writer renamed meanwhile: both are whole and hold the
+        // same chunk, and a reader sees one or the other.
+        if let Err(e) = fs::rename(&tmp, &path) {
+            let _ = fs::remove_file(&tmp);
+            return Stored::Failed(DiskError::io("renaming a chunk into place", e));
+        }
+        Stored::Written
+    }
+
+    fn write_chunk(&self, f: &File, key: &[u8], payload: &[u8]) -> io::Result<()> {
+        let header = Header::for_chunk(&self.layout, &self.ns, key, payload).encode();
+        let mut block = AlignedBuf::new(HEADER_BLOCK);
+        block.as_mut_slice()[..HEADER_LEN].copy_from_slice(&header);
+        f.write_all_at(block.as_slice(), 0)?;
+        let padded = round_up(payload.len());
+        if !self.direct || (is_aligned(payload) && padded == payload.len()) {
+            f.write_all_at(payload, HEADER_BLOCK as u64)?;
+        } else {
+            // O_DIRECT needs aligned memory and whole blocks: through a bounce buffer.
+            let mut bounce = AlignedBuf::new(padded);
+            bounce.as_mut_slice()[..payload.len()].copy_from_slice(payload);
+            f.write_all_at(bounce.as_slice(), HEADER_BLOCK as u64)?;
+        }
+        if !self.direct {
+            // The padding; with O_DIRECT the bounce buffer wrote it.
+            f.set_len(files::file_len(payload.len()))?;
+            files::drop_cache(f);
+        }
+        Ok(())
+    }
+
+    /// Reads chunk `key` into `dest` (exactly `chunk_bytes`), checking its length, header and
+    /// CRC32C; a file that fails a check is removed.
+    pub fn load(&self, key: &[u8], dest: &mut [u8]) -> Loaded {
+        let out = self.try_load(key, dest);
+        let c = &self.stats;
+        match &out {
+            Loaded::Ok => {
+                Counters::add(&c.loaded_chunks, 1);
+                Counters::add(&c.bytes_read, dest.len() as u64);
+            }
+            Loaded::Missing => Counters::add(&c.load_missing, 1),
+            Loaded::Corrupt(_) => {
+                Counters::add(&c.corrupt, 1);
+                if let Ok(p) = self.path_of(key) {
+                    let _ = fs::remove_file(p);
+                }
+            }
+            Loaded::Failed(_) => Counters::add(&c.load_failures, 1),
+        }
+        out
+    }
+
+    fn try_load(&self, key: &[u8], dest: &mut [u8]) -> Loaded {
+        if dest.len() != self.layout.chunk_bytes {
+            return Loaded::Failed(DiskError::Config(format!(
+                "a destination of {} bytes; this tier's chunks are {}",
+                dest.len(),
+                self.layout.chunk_bytes
+            )));
+        }
+        let path = match self.path_of(key) {
+            Ok(p) => p,
+            Err(e) => return Loaded::Failed(e),
+        };
+        let f = match files::open(&path, self.direct) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Loaded::Missing,
+            Err(e) => return Loaded::Failed(DiskError::io("opening a chunk", e)),
+        };
+        match self.read_chunk(&f, key, dest) {
+            Ok(got) => got,
+            // A file shorter than its header says: cut short (a crash, a full disk elsewhere).
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Loaded::Corrupt("file is truncated"),
+            Err(e) => Loaded::Failed(DiskError::io("reading a chunk", e)),
+        }
+    }
+
+    fn read_chunk(&self, f: &File, key: &[u8], dest: &mut [u8]) -> io::Result<Loaded> {
+        if f.metadata()?.len() != files::file_len(dest.len()) {
+            return Ok(Loaded::Corrupt("file has the wrong length"));
+        }
+        let mut block = AlignedBuf::new(HEADER_BLOCK);
+        f.read_exact_at(block.as_mut_slice(), 0)?;
+        let raw: &[u8; HEADER_LEN] = block.as_slice()[..HEADER_LEN]
+            .try_into()
+            .expect("a header block holds a header");
+        let header = match Header::decode_checked(raw, &self.layout, &self.ns, key) {
+            Ok(h) => h,
+            Err(why) => return Ok(Loaded::Corrupt(why)),
+        };
+        let padded = round_up(dest.len());
+        if !self.direct || (is_aligned(dest) && padded == dest.len()) {
+            f.read_exact_at(dest, HEADER_BLOCK as u64)?;
+        } else {
+            let mut bounce = AlignedBuf::new(padded);
+            f.read_exact_at(bounce.as_mut_slice(), HEADER_BLOCK as u64)?;
+            dest.copy_from_slice(&bounce.as_slice()[..dest.len()]);
+        }
+        if !self.direct {
+            files::drop_cache(f);
+        }
+        if crc(dest) != header.payload_crc {
+            return Ok(Loaded::Corrupt("payload checksum mismatch"));
+        }
+        Ok(Loaded::Ok)
+    }
+
+    /// Removes chunk `key`'s file, if any (eviction).
+    pub fn remove(&self, key: &[u8]) -> Result<bool> {
+        let path = self.path_of(key)?;
+        match fs::remove_file(path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(DiskError::io("removing a chunk", e)),
+        }
+    }
+
+    /// Every chunk with a file in this namespace's directory (key, last modified), for the
+    /// index an engine rebuilds at start-up; files being written, and names that are not a
+    /// chunk's, are left alone.
+    pub fn scan(&self) -> Result<Vec<(Vec<u8>, std::time::SystemTime)>> {
+        let mut out = Vec::new();
+        let subdirs = fs::read_dir(&self.dir).map_err(|e| DiskError::io("listing the tier", e))?;
+        for sub in subdirs.flatten() {
+            let Ok(entries) = fs::read_dir(sub.path()) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(key) = name.to_str().and_then(files::unhex) else {
+                    continue;
+                };
+                if key.is_empty() || files::chunk_path(&self.dir, &key) != entry.path() {
+                    continue;
+                }
+                if let Ok(modified) = entry.metadata().and_then(|m| m.modified()) {
+                    out.push((key, modified));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Whether `dir`'s filesystem takes `O_DIRECT`: a block written and read back through it.
+fn probe_direct(dir: &Path) -> bool {
+    let path = dir.join(format!("{TMP_PREFIX}probe-{}", std::process::id()));
+    let ok = (|| -> io::Result<bool> {
+        let f = files::create(&path, true)?;
+        let block = AlignedBuf::new(ALIGN);
+        f.write_all_at(block.as_slice(), 0)?;
+        let r = files::open(&path, true)?;
+        let mut back = AlignedBuf::new(ALIGN);
+        r.read_exact_at(back.as_mut_slice(), 0)?;
+        Ok(true)
+    })()
+    .unwrap_or(false);
+    let _ = fs::remove_file(&path);
+    ok
+}
