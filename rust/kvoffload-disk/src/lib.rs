@@ -12,10 +12,13 @@ mod aligned;
 mod config;
 mod error;
 mod files;
+mod index;
+mod jobs;
 mod stats;
 mod tier;
 
 pub use config::{DirectIo, DiskConfig};
 pub use error::{DiskError, Result};
+pub use jobs::{Completion, DiskJobs};
 pub use stats::Stats;
 pub use tier::{DiskTier, Loaded, Stored};

@@ -91,6 +91,10 @@ impl DiskTier {
         &self.dir
     }
 
+    pub fn chunk_bytes(&self) -> usize {
+        self.layout.chunk_bytes
+    }
+
     pub fn stats(&self) -> Stats {
         self.stats.snapshot()
     }
@@ -238,6 +242,12 @@ impl DiskTier {
             Err(e) => return Loaded::Failed(DiskError::io("opening a chunk", e)),
         };
         match self.read_chunk(&f, key, dest) {
+            Ok(Loaded::Ok) => {
+                // The file's time is the recency every engine sharing the directory (and the
+                // next one to open it) orders eviction by: a hit here keeps it for them too.
+                let _ = f.set_modified(std::time::SystemTime::now());
+                Loaded::Ok
+            }
             Ok(got) => got,
             // A file shorter than its header says: cut short (a crash, a full disk elsewhere).
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => Loaded::Corrupt("file is truncated"),

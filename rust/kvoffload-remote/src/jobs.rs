@@ -5,13 +5,13 @@
 //! `Err` means the connection is unusable or the deadline passed, and the caller fails the items
 //! still `PENDING`.
 
-use crate::buf::{RawBuf, RawBufMut};
 use crate::conn::Conn;
 use crate::error::{RemoteError, Result};
 use crate::format::{self, Header, Layout, Part, HEADER_LEN};
 use crate::resp::{Head, Pipeline};
 use crate::stats::Counters;
-use crate::status::{CORRUPT, EXISTS, FAILED, MISSING, OK, PENDING};
+use kvoffload_format::buf::{RawBuf, RawBufMut};
+use kvoffload_format::status::{CORRUPT, EXISTS, FAILED, MISSING, OK, PENDING};
 use std::sync::Mutex;
 
 pub(crate) struct Ctx<'a> {

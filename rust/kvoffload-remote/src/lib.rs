@@ -6,7 +6,6 @@
 //! [`format`]); anything that fails a check is reported CORRUPT and deleted, never returned.
 
 mod breaker;
-mod buf;
 pub mod cluster;
 pub mod config;
 mod conn;
@@ -19,17 +18,17 @@ mod queue;
 pub mod resp;
 mod routing;
 mod stats;
-pub mod status;
 mod tier;
 mod tls;
 pub mod url;
 mod worker;
 
 pub use breaker::BreakerState;
-pub use buf::{RawBuf, RawBufMut};
 pub use config::{Config, TlsConfig};
 pub use error::{RemoteError, Result};
 pub use jobs::CanaryOutcome;
+pub use kvoffload_format::buf::{self, RawBuf, RawBufMut};
+pub use kvoffload_format::status;
 pub use lookups::LookupTable;
 pub use queue::Completion;
 pub use stats::{NodeStats, Stats};

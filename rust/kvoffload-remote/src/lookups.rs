@@ -10,8 +10,8 @@
 //! `NEGATIVE_TTL` after (a bounded negative cache): a chunk the tier claims but cannot deliver
 //! must not make each new request promote it, fail and recompute.
 
-use crate::status::OK;
 use foldhash::fast::RandomState;
+use kvoffload_format::status::OK;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -278,7 +278,7 @@ impl LookupTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::{FAILED, MISSING};
+    use kvoffload_format::status::{FAILED, MISSING};
 
     fn sent(table: &mut LookupTable) -> (u64, Vec<Vec<u8>>) {
         let mut out = None;

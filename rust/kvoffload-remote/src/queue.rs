@@ -3,13 +3,13 @@
 //! breaker, counters).
 
 use crate::breaker::Breaker;
-use crate::buf::{RawBuf, RawBufMut};
 use crate::config::Config;
 use crate::conn::Target;
 use crate::format::Layout;
 use crate::jobs::{self, Ctx};
 use crate::stats::{Counters, PerNode};
-use crate::status::{DROPPED, FAILED, MISSING};
+use kvoffload_format::buf::{RawBuf, RawBufMut};
+use kvoffload_format::status::{DROPPED, FAILED, MISSING};
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;

@@ -1,7 +1,7 @@
 //! Counters shared by the workers (the tier's, and each node's), and their snapshot.
 
 use crate::breaker::BreakerState;
-use crate::status::OK;
+use kvoffload_format::status::OK;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -2,7 +2,6 @@
 //! with one connection each run them, and completions wait in a list until the caller takes them.
 
 use crate::breaker::{Breaker, BreakerState};
-use crate::buf::{self, RawBuf, RawBufMut};
 use crate::cluster::{self, ClusterState, SlotMap};
 use crate::config::Config;
 use crate::conn::{Conn, Target};
@@ -12,11 +11,12 @@ use crate::jobs::{self, CanaryOutcome};
 use crate::probe;
 use crate::queue::{Completion, Job, Queues, Shared, Work};
 use crate::stats::{Counters, NodeStats, PerNode, Stats};
-use crate::status::DROPPED;
 use crate::tls;
 use crate::url;
 use crate::url::Endpoint;
 use crate::worker::{worker_loop, Worker};
+use kvoffload_format::buf::{self, RawBuf, RawBufMut};
+use kvoffload_format::status::DROPPED;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;

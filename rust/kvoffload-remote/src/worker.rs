@@ -8,7 +8,7 @@ use crate::jobs;
 use crate::queue::{Completion, Job, Shared, Work};
 use crate::routing::NodeConns;
 use crate::stats::Counters;
-use crate::status::{FAILED, PENDING};
+use kvoffload_format::status::{FAILED, PENDING};
 use std::sync::Arc;
 use std::time::Instant;
 

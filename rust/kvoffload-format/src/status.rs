@@ -1,8 +1,8 @@
-//! Per-item status bytes of a completion.
+//! Per-item status bytes of a tier's completion (the same for every tier).
 
 /// Lookup: present. Store: stored. Load: loaded and verified.
 pub const OK: u8 = 0;
-/// Lookup: absent (also while the tier is down). Load: not in the server.
+/// Lookup: absent (also while the tier is down). Load: not in the tier.
 pub const MISSING: u8 = 1;
 /// Load: the stored value failed a check; it was deleted.
 pub const CORRUPT: u8 = 2;
@@ -13,4 +13,4 @@ pub const DROPPED: u8 = 4;
 /// Store: another writer stored this key first.
 pub const EXISTS: u8 = 5;
 /// Not settled yet; never seen by callers.
-pub(crate) const PENDING: u8 = 255;
+pub const PENDING: u8 = 255;

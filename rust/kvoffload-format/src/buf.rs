@@ -36,7 +36,7 @@ impl RawBuf {
         self.len == 0
     }
 
-    pub(crate) fn slice(&self) -> &[u8] {
+    pub fn slice(&self) -> &[u8] {
         // SAFETY: guaranteed by the contract of `new`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
@@ -59,7 +59,7 @@ impl RawBufMut {
         self.len == 0
     }
 
-    pub(crate) fn slice_mut(&mut self) -> &mut [u8] {
+    pub fn slice_mut(&mut self) -> &mut [u8] {
         // SAFETY: guaranteed by the contract of `new`; `&mut self` keeps this the only view.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
@@ -68,7 +68,7 @@ impl RawBufMut {
 /// The first pair of items (by index, lower first) whose destinations share a byte, if any.
 /// Two `RawBufMut` over one byte would be two live `&mut` slices of it: undefined behaviour, and
 /// in practice one item's bytes overwritten by the other's while both report OK.
-pub(crate) fn first_overlap<K>(items: &[(K, RawBufMut)]) -> Option<(usize, usize)> {
+pub fn first_overlap<K>(items: &[(K, RawBufMut)]) -> Option<(usize, usize)> {
     let mut spans: Vec<(usize, usize, usize)> = items
         .iter()
         .enumerate()

@@ -1,0 +1,335 @@
+//! `DiskJobs`: the disk tier's store and load jobs, each job's chunks spread over the tier's I/O
+//! threads (so many files are read or written at once), with an index of the chunks it holds
+//! that answers lookups without I/O and holds `capacity_bytes` by evicting the least recently
+//! used. The caller only submits and polls; the index is rebuilt from the directory on a thread
+//! of its own at open.
+
+use crate::config::DiskConfig;
+use crate::error::{DiskError, Result};
+use crate::files;
+use crate::index::Index;
+use crate::tier::{DiskTier, Loaded, Stored};
+use kvoffload_format::buf::{first_overlap, RawBuf, RawBufMut};
+use kvoffload_format::status::{CORRUPT, EXISTS, FAILED, MISSING, OK, PENDING};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A job's id and each item's status (`kvoffload_format::status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    pub job_id: u64,
+    pub statuses: Vec<u8>,
+}
+
+enum Item {
+    Store(Vec<u8>, RawBuf),
+    Load(Vec<u8>, RawBufMut),
+}
+
+struct Queue {
+    items: VecDeque<(u64, usize, Item)>,
+    /// Per job: its statuses so far, and how many items are left.
+    open: HashMap<u64, (Vec<u8>, usize)>,
+    done: Vec<Completion>,
+    next_id: u64,
+    closing: bool,
+}
+
+struct Shared {
+    tier: DiskTier,
+    capacity_files: usize,
+    q: Mutex<Queue>,
+    index: Mutex<Index>,
+    work_cv: Condvar,
+    done_cv: Condvar,
+    scanned: AtomicBool,
+    evicted: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.q.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn index(&self) -> MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub struct DiskJobs {
+    sh: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl DiskJobs {
+    /// Opens the tier with `threads` I/O threads and room for `capacity_bytes` of files.
+    pub fn open(
+        cfg: DiskConfig,
+        ns: [u8; 16],
+        capacity_bytes: u64,
+        threads: usize,
+    ) -> Result<Self> {
+        if !(1..=256).contains(&threads) {
+            return Err(DiskError::Config(format!(
+                "io_threads={threads} is out of range; allowed: 1 to 256"
+            )));
+        }
+        let per_file = files::file_len(cfg.chunk_bytes);
+        if capacity_bytes < per_file {
+            return Err(DiskError::Config(format!(
+                "capacity_bytes={capacity_bytes} holds no chunk; one takes {per_file} bytes"
+            )));
+        }
+        let tier = DiskTier::open(cfg, ns)?;
+        let sh = Arc::new(Shared {
+            tier,
+            capacity_files: (capacity_bytes / per_file) as usize,
+            q: Mutex::new(Queue {
+                items: VecDeque::new(),
+                open: HashMap::new(),
+                done: Vec::new(),
+                next_id: 1,
+                closing: false,
+            }),
+            index: Mutex::new(Index::default()),
+            work_cv: Condvar::new(),
+            done_cv: Condvar::new(),
+            scanned: AtomicBool::new(false),
+            evicted: AtomicU64::new(0),
+        });
+        let mut handles = Vec::with_capacity(threads + 1);
+        for _ in 0..threads {
+            let sh = sh.clone();
+            handles.push(std::thread::spawn(move || worker(&sh)));
+        }
+        let scan = sh.clone();
+        handles.push(std::thread::spawn(move || rebuild(&scan)));
+        Ok(DiskJobs {
+            sh,
+            threads: Mutex::new(handles),
+        })
+    }
+
+    pub fn tier(&self) -> &DiskTier {
+        &self.sh.tier
+    }
+
+    /// Whether the index has taken in what the directory held at open (and evicted what did not
+    /// fit the capacity).
+    pub fn scanned(&self) -> bool {
+        self.sh.scanned.load(Ordering::Acquire)
+    }
+
+    /// Chunks the index holds, and chunks evicted to hold the capacity.
+    pub fn counts(&self) -> (usize, u64) {
+        (
+            self.sh.index().len(),
+            self.sh.evicted.load(Ordering::Relaxed),
+        )
+    }
+
+    /// How many of `keys`, from the first, the index holds (no I/O).
+    pub fn lookup_prefix(&self, keys: &[&[u8]]) -> usize {
+        let ix = self.sh.index();
+        keys.iter().take_while(|k| ix.contains(k)).count()
+    }
+
+    pub fn submit_store(&self, items: Vec<(Vec<u8>, RawBuf)>) -> Result<u64> {
+        self.check(items.iter().map(|(k, b)| (k.len(), b.len())))?;
+        Ok(self.submit(items.into_iter().map(|(k, b)| Item::Store(k, b)).collect()))
+    }
+
+    pub fn submit_load(&self, items: Vec<(Vec<u8>, RawBufMut)>) -> Result<u64> {
+        self.check(items.iter().map(|(k, b)| (k.len(), b.len())))?;
+        if let Some((a, b)) = first_overlap(&items) {
+            return Err(DiskError::Config(format!(
+                "load items {a} and {b} overlap in memory; each needs a chunk of its own"
+            )));
+        }
+        Ok(self.submit(items.into_iter().map(|(k, b)| Item::Load(k, b)).collect()))
+    }
+
+    fn check(&self, items: impl Iterator<Item = (usize, usize)>) -> Result<()> {
+        let chunk = self.sh.tier.chunk_bytes();
+        for (i, (key, len)) in items.enumerate() {
+            if len != chunk {
+                return Err(DiskError::Config(format!(
+                    "item {i} has {len} bytes; this tier's chunks are {chunk}"
+                )));
+            }
+            if !(1..=files::MAX_KEY_BYTES).contains(&key) {
+                return Err(DiskError::Config(format!(
+                    "item {i} has a key of {key} bytes; allowed: 1 to {}",
+                    files::MAX_KEY_BYTES
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn submit(&self, items: Vec<Item>) -> u64 {
+        let mut q = self.sh.lock();
+        let id = q.next_id;
+        q.next_id += 1;
+        if items.is_empty() || q.closing {
+            let statuses = vec![FAILED; items.len()];
+            q.done.push(Completion {
+                job_id: id,
+                statuses,
+            });
+            drop(q);
+            self.sh.done_cv.notify_all();
+            return id;
+        }
+        q.open.insert(id, (vec![PENDING; items.len()], items.len()));
+        for (i, item) in items.into_iter().enumerate() {
+            q.items.push_back((id, i, item));
+        }
+        drop(q);
+        self.sh.work_cv.notify_all();
+        id
+    }
+
+    /// The jobs that completed since the last call.
+    pub fn poll(&self) -> Vec<Completion> {
+        std::mem::take(&mut self.sh.lock().done)
+    }
+
+    /// Waits up to `timeout` for a completion; returns every one there is.
+    pub fn wait(&self, timeout: Duration) -> Vec<Completion> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.sh.lock();
+        while q.done.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            q = self
+                .sh
+                .done_cv
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        std::mem::take(&mut q.done)
+    }
+
+    /// Jobs submitted and not yet complete.
+    pub fn in_flight(&self) -> usize {
+        self.sh.lock().open.len()
+    }
+
+    /// Finishes the jobs in flight (each item's I/O is bounded by the filesystem), then stops
+    /// the threads; completions not taken stay for `poll`.
+    pub fn close(&self) {
+        self.sh.lock().closing = true;
+        self.sh.work_cv.notify_all();
+        let handles = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for DiskJobs {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn worker(sh: &Shared) {
+    loop {
+        let (job, i, item) = {
+            let mut q = sh.lock();
+            loop {
+                if let Some(next) = q.items.pop_front() {
+                    break next;
+                }
+                if q.closing {
+                    return;
+                }
+                q = sh.work_cv.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let status = run(sh, item);
+        let mut q = sh.lock();
+        let (statuses, left) = q.open.get_mut(&job).expect("an open job");
+        statuses[i] = status;
+        *left -= 1;
+        if *left == 0 {
+            let (statuses, _) = q.open.remove(&job).expect("an open job");
+            q.done.push(Completion {
+                job_id: job,
+                statuses,
+            });
+            drop(q);
+            sh.done_cv.notify_all();
+        }
+    }
+}
+
+fn run(sh: &Shared, item: Item) -> u8 {
+    match item {
+        Item::Store(key, buf) => {
+            let status = match sh.tier.store(&key, buf.slice()) {
+                Stored::Written => OK,
+                Stored::Exists => EXISTS,
+                Stored::Failed(_) => FAILED,
+            };
+            if status != FAILED {
+                sh.index().touch(&key);
+                evict(sh);
+            }
+            status
+        }
+        Item::Load(key, mut buf) => {
+            let status = match sh.tier.load(&key, buf.slice_mut()) {
+                Loaded::Ok => OK,
+                Loaded::Missing => MISSING,
+                Loaded::Corrupt(_) => CORRUPT,
+                Loaded::Failed(_) => FAILED,
+            };
+            match status {
+                OK => sh.index().touch(&key),
+                MISSING | CORRUPT => {
+                    sh.index().remove(&key);
+                }
+                _ => {}
+            }
+            status
+        }
+    }
+}
+
+/// Removes the least recently used chunks until the index fits the capacity (their files too).
+fn evict(sh: &Shared) {
+    loop {
+        let victim = {
+            let mut ix = sh.index();
+            if ix.len() <= sh.capacity_files {
+                return;
+            }
+            ix.pop_oldest()
+        };
+        let Some(key) = victim else { return };
+        if sh.tier.remove(&key).is_ok() {
+            sh.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Takes what the directory holds into the index, oldest file first, then holds the capacity.
+fn rebuild(sh: &Shared) {
+    if let Ok(mut found) = sh.tier.scan() {
+        found.sort_by_key(|(_, modified)| *modified);
+        let mut ix = sh.index();
+        for (key, _) in found {
+            ix.add_scanned(key);
+        }
+    }
+    evict(sh);
+    sh.scanned.store(true, Ordering::Release);
+}

@@ -1,0 +1,187 @@
+//! `DiskJobs` on the real filesystem: jobs spread over threads, the index and its capacity, and
+//! a restart that rebuilds the index from the directory.
+
+use kvoffload_disk::{DiskConfig, DiskJobs};
+use kvoffload_format::buf::{RawBuf, RawBufMut};
+use kvoffload_format::status::{EXISTS, MISSING, OK};
+use std::fs;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const NS: [u8; 16] = *b"disk-jobs-tests!";
+const CHUNK: usize = 64 * 1024;
+/// One chunk's file: the 4 KiB header block and the payload.
+const FILE: u64 = 4096 + CHUNK as u64;
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("kvo-jobs-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn key(i: u32) -> Vec<u8> {
+    let mut k = vec![0xab; 32];
+    k.extend_from_slice(&i.to_be_bytes());
+    k
+}
+
+fn data(i: u32) -> Vec<u8> {
+    (0..CHUNK)
+        .map(|j| (j as u32).wrapping_mul(31).wrapping_add(i) as u8)
+        .collect()
+}
+
+fn open(dir: &TempDir, chunks: u64, threads: usize) -> DiskJobs {
+    let jobs = DiskJobs::open(DiskConfig::new(&dir.0, CHUNK), NS, chunks * FILE, threads).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !jobs.scanned() {
+        assert!(Instant::now() < until, "the index was never rebuilt");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    jobs
+}
+
+fn wait(jobs: &DiskJobs, id: u64) -> Vec<u8> {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        for c in jobs.wait(Duration::from_millis(100)) {
+            if c.job_id == id {
+                return c.statuses;
+            }
+        }
+        assert!(Instant::now() < until, "job {id} never completed");
+    }
+}
+
+fn store(jobs: &DiskJobs, ids: &[u32]) -> Vec<u8> {
+    let bufs: Vec<Vec<u8>> = ids.iter().map(|&i| data(i)).collect();
+    // SAFETY: `bufs` outlives the job (waited for below).
+    let items = ids
+        .iter()
+        .zip(&bufs)
+        .map(|(&i, b)| (key(i), unsafe { RawBuf::new(b.as_ptr(), b.len()) }))
+        .collect();
+    let id = jobs.submit_store(items).unwrap();
+    wait(jobs, id)
+}
+
+fn load(jobs: &DiskJobs, ids: &[u32]) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let mut bufs: Vec<Vec<u8>> = ids.iter().map(|_| vec![0u8; CHUNK]).collect();
+    // SAFETY: as above; each buffer is its own allocation.
+    let items = ids
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(&i, b)| (key(i), unsafe { RawBufMut::new(b.as_mut_ptr(), b.len()) }))
+        .collect();
+    let id = jobs.submit_load(items).unwrap();
+    let st = wait(jobs, id);
+    (st, bufs)
+}
+
+fn files_on_disk(jobs: &DiskJobs) -> usize {
+    jobs.tier().scan().unwrap().len()
+}
+
+#[test]
+fn a_jobs_chunks_are_spread_over_the_threads_and_come_back_whole() {
+    let d = TempDir::new("spread");
+    let jobs = open(&d, 1000, 4);
+    let ids: Vec<u32> = (0..64).collect();
+    assert_eq!(store(&jobs, &ids), vec![OK; 64]);
+    let (st, bufs) = load(&jobs, &ids);
+    assert_eq!(st, vec![OK; 64]);
+    for (i, b) in ids.iter().zip(&bufs) {
+        assert!(*b == data(*i), "chunk {i} differs");
+    }
+    assert_eq!(store(&jobs, &ids[..2]), vec![EXISTS; 2]);
+    // Lookups answer from the index: the leading run of chunks it holds.
+    let keys: Vec<Vec<u8>> = [0, 1, 2, 500, 3].iter().map(|&i| key(i)).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    assert_eq!(jobs.lookup_prefix(&refs), 3);
+    assert_eq!(load(&jobs, &[500]).0, vec![MISSING]);
+    assert_eq!(jobs.in_flight(), 0);
+}
+
+#[test]
+fn capacity_is_held_by_evicting_the_least_recently_used() {
+    let d = TempDir::new("capacity");
+    let jobs = open(&d, 4, 2);
+    // One job each: a job's chunks run on several threads, in no set order.
+    for i in 0..4 {
+        assert_eq!(store(&jobs, &[i]), vec![OK]);
+    }
+    // Chunk 0 read again: chunk 1 is now the least recently used.
+    assert_eq!(load(&jobs, &[0]).0, vec![OK]);
+    assert_eq!(store(&jobs, &[4]), vec![OK]);
+    assert_eq!(store(&jobs, &[5]), vec![OK]);
+    assert_eq!(jobs.counts(), (4, 2));
+    assert_eq!(files_on_disk(&jobs), 4);
+    let (st, _) = load(&jobs, &[0, 1, 2, 3, 4, 5]);
+    assert_eq!(st, vec![OK, MISSING, MISSING, OK, OK, OK]);
+}
+
+#[test]
+fn a_restarted_tier_serves_what_the_last_one_stored_oldest_evicted_first() {
+    let d = TempDir::new("restart");
+    {
+        let jobs = open(&d, 100, 2);
+        for i in 0..6 {
+            assert_eq!(store(&jobs, &[i]), vec![OK]);
+            // File times order the chunks for the next index: a visible step between them.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let jobs = open(&d, 100, 2);
+    assert_eq!(jobs.counts(), (6, 0));
+    let (st, bufs) = load(&jobs, &[0, 5]);
+    assert_eq!(st, vec![OK, OK]);
+    assert!(bufs[0] == data(0) && bufs[1] == data(5));
+    drop(jobs);
+    // A smaller capacity: the least recently used files go first. Chunks 0 and 5 were read
+    // by the last tier, which set their files' times: 1 and 2 go.
+    let jobs = open(&d, 4, 2);
+    assert_eq!(jobs.counts(), (4, 2));
+    let (st, _) = load(&jobs, &[0, 1, 2, 3, 4, 5]);
+    assert_eq!(st, vec![OK, MISSING, MISSING, OK, OK, OK]);
+}
+
+#[test]
+fn bad_jobs_and_settings_are_refused_naming_them() {
+    let d = TempDir::new("bad");
+    let err = |r: Result<DiskJobs, kvoffload_disk::DiskError>| r.err().unwrap().to_string();
+    let cfg = || DiskConfig::new(&d.0, CHUNK);
+    assert!(err(DiskJobs::open(cfg(), NS, FILE, 0)).contains("io_threads=0"));
+    assert!(err(DiskJobs::open(cfg(), NS, FILE - 1, 2)).contains("capacity_bytes="));
+    let jobs = open(&d, 10, 2);
+    let short = [0u8; 10];
+    // SAFETY: refused before any I/O.
+    let e = jobs
+        .submit_store(vec![(key(1), unsafe {
+            RawBuf::new(short.as_ptr(), short.len())
+        })])
+        .unwrap_err();
+    assert!(e.to_string().contains("item 0 has 10 bytes"), "{e}");
+    let mut one = vec![0u8; CHUNK + 8];
+    let p = one.as_mut_ptr();
+    // SAFETY: refused before any I/O (the two spans overlap).
+    let overlapping = unsafe {
+        vec![
+            (key(1), RawBufMut::new(p, CHUNK)),
+            (key(2), RawBufMut::new(p.add(8), CHUNK)),
+        ]
+    };
+    let e = jobs.submit_load(overlapping).unwrap_err();
+    assert!(e.to_string().contains("overlap"), "{e}");
+    assert_eq!(jobs.in_flight(), 0);
+}
