@@ -7,9 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from kvoffload import _rust
+from kvoffload._buffers import bytes_view
 from kvoffload.errors import ConfigError
 from kvoffload.remote.config import RemoteTierConfig
 
@@ -81,13 +80,13 @@ class RemoteClient:
         return self._tier.submit_lookup(list(keys))
 
     def store(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int:
-        array = _bytes_view(buffer, writable=False)
+        array = bytes_view(buffer, writable=False)
         return self._tier.submit_store(
             list(keys), array, array.ctypes.data, array.nbytes, list(offsets)
         )
 
     def load(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int:
-        array = _bytes_view(buffer, writable=True)
+        array = bytes_view(buffer, writable=True)
         return self._tier.submit_load(
             list(keys), array, array.ctypes.data, array.nbytes, list(offsets)
         )
@@ -117,14 +116,3 @@ class RemoteClient:
 
     def close(self) -> None:
         self._tier.close()
-
-
-def _bytes_view(buffer: Any, *, writable: bool) -> np.ndarray[Any, Any]:
-    """The buffer as one contiguous uint8 array sharing its memory (a copy would defeat both the
-    zero-copy path and, for loads, the destination)."""
-    view = memoryview(buffer)
-    if not view.c_contiguous:
-        raise ValueError("buffer must be C-contiguous")
-    if writable and view.readonly:
-        raise ValueError("buffer must be writable for a load")
-    return np.frombuffer(view.cast("B"), dtype=np.uint8)

@@ -1,9 +1,11 @@
 //! `kvoffload._rust`: translates Python arguments to `kvoffload-core` calls and back. No logic.
 
 mod chunk;
+mod disk;
 mod errors;
 mod ids;
 mod keys;
+mod lent;
 mod remote;
 mod sampled;
 mod store;
@@ -56,6 +58,7 @@ fn _rust(m: &Bound<'_, PyModule>) -> PyResult<()> {
         py.get_type::<errors::InvalidStateError>(),
     )?;
     remote::register(m)?;
+    disk::register(m)?;
     m.add("MAX_KEY_LEN", kvoffload_core::MAX_KEY_LEN)?;
     m.add("MAX_SLOTS", kvoffload_core::MAX_SLOTS)?;
     m.add("POLICY_NAMES", kvoffload_core::POLICY_NAMES.to_vec())?;

@@ -1,18 +1,16 @@
-//! `RemoteTier`: the Redis / Valkey tier of `kvoffload-remote`. Buffers cross as raw addresses
-//! (the abi3 build has no buffer protocol), each with the Python object that owns the memory: the
-//! binding keeps that object until the job's completion is handed out, so the memory outlives
-//! every worker access whatever the caller does with its own references.
+//! `RemoteTier`: the Redis / Valkey tier of `kvoffload-remote` (buffers are lent as `lent.rs`
+//! says).
 
 use crate::errors::RemoteError;
 use crate::keys::{new_bytes, KeyArg};
+use crate::lent::{spans, Lent};
 use kvoffload_remote::{
     self as remote, CanaryOutcome, Completion, Config, LookupTable, RawBuf, RawBufMut, Tier,
     TlsConfig,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
-use std::collections::HashMap;
+use pyo3::types::{PyBytes, PyDict, PyList};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -36,22 +34,6 @@ fn seconds(name: &str, v: f64, lo: Duration, hi: Duration) -> PyResult<Duration>
     Ok(Duration::from_secs_f64(v))
 }
 
-fn completions<'py>(py: Python<'py>, done: Vec<Completion>) -> PyResult<Bound<'py, PyList>> {
-    let items = done
-        .into_iter()
-        .map(|c| {
-            PyTuple::new(
-                py,
-                [
-                    c.job_id.into_pyobject(py)?.into_any(),
-                    new_bytes(py, &c.statuses)?.into_any(),
-                ],
-            )
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    PyList::new(py, items)
-}
-
 /// A Redis / Valkey tier for chunks of `chunk_bytes`; every call that waits or does I/O releases
 /// the GIL.
 #[pyclass(frozen, module = "kvoffload._rust")]
@@ -59,8 +41,7 @@ pub struct RemoteTier {
     // Declared first so it drops first: `Tier`'s drop joins the workers, and only then may the
     // owners below release the memory those workers were reading or writing.
     tier: Tier,
-    /// The buffer object of each store or load job whose completion is not handed out yet.
-    owners: Mutex<HashMap<u64, Py<PyAny>>>,
+    lent: Lent,
 }
 
 /// Chunks per node of a cluster of `nodes` primaries (the simulator's shared tier).
@@ -88,14 +69,6 @@ fn mask_remote_url(url: &str) -> String {
 }
 
 impl RemoteTier {
-    fn owners(&self) -> MutexGuard<'_, HashMap<u64, Py<PyAny>>> {
-        // A plain map, valid whatever a panicking holder was doing.
-        self.owners.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Submits with the GIL released and records `buffer` as the job's owner under the same
-    /// lock that `release` takes, so a completion cannot be handed out before its owner is
-    /// recorded.
     /// The keys, each with its chunk-sized span of the caller's buffer (`base + offset`).
     fn items<B>(
         &self,
@@ -107,8 +80,8 @@ impl RemoteTier {
         span: impl Fn(usize, usize) -> B,
     ) -> PyResult<Vec<(Vec<u8>, B)>> {
         let keys = self.keys(py, keys)?;
-        let addrs = self.spans(keys.len(), base, capacity, offsets)?;
         let chunk = self.tier.chunk_bytes();
+        let addrs = spans(chunk, keys.len(), base, capacity, offsets)?;
         Ok(keys
             .into_iter()
             .zip(addrs)
@@ -116,97 +89,17 @@ impl RemoteTier {
             .collect())
     }
 
-    fn submit_owned(
-        &self,
-        py: Python<'_>,
-        buffer: &Bound<'_, PyAny>,
-        submit: impl FnOnce(&Tier) -> remote::Result<u64> + Send,
-    ) -> PyResult<u64> {
-        let owner = buffer.clone().unbind();
-        let res = py.detach(|| {
-            let mut owners = self.owners();
-            match submit(&self.tier) {
-                Ok(id) => {
-                    // Job ids are never reused, so no owner is replaced (and dropped detached).
-                    owners.insert(id, owner);
-                    Ok(id)
-                }
-                Err(e) => Err((e, owner)),
-            }
-        });
-        // The refused job's owner is dropped here, attached.
-        res.map_err(|(e, _owner)| to_py(e))
-    }
-
-    /// Drops the owners of jobs whose completions are handed out, attached and after the lock:
-    /// a finalizer may call back into this tier.
-    fn release(&self, done: &[Completion]) {
-        let freed: Vec<Py<PyAny>> = {
-            let mut owners = self.owners();
-            done.iter()
-                .filter_map(|c| owners.remove(&c.job_id))
-                .collect()
-        };
-        drop(freed);
-    }
-
     fn handed_out<'py>(
         &self,
         py: Python<'py>,
         done: Vec<Completion>,
     ) -> PyResult<Bound<'py, PyList>> {
-        self.release(&done);
-        completions(py, done)
+        let done = done.into_iter().map(|c| (c.job_id, c.statuses)).collect();
+        self.lent.handed_out(py, done)
     }
 
     fn keys(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
         KeyArg::extract(keys)?.run(py, |k| Ok(k.iter().map(|k| k.to_vec()).collect()))
-    }
-
-    /// The items' addresses: `base + offset`, each chunk checked to lie within the buffer.
-    fn spans(
-        &self,
-        n_keys: usize,
-        base: u64,
-        capacity: i64,
-        offsets: &[i64],
-    ) -> PyResult<Vec<usize>> {
-        let chunk = self.tier.chunk_bytes() as i64;
-        if offsets.len() != n_keys {
-            return Err(PyValueError::new_err(format!(
-                "len(offsets)={} differs from len(keys)={n_keys}; allowed: equal lengths",
-                offsets.len()
-            )));
-        }
-        let valid = base != 0
-            && capacity >= 0
-            && usize::try_from(base).is_ok_and(|b| b.checked_add(capacity as usize).is_some());
-        if !valid {
-            return Err(PyValueError::new_err(format!(
-                "base=0x{base:x}, capacity={capacity} is not a valid buffer; allowed: a non-null \
-                 address and a capacity >= 0 that does not wrap the address space"
-            )));
-        }
-        offsets
-            .iter()
-            .enumerate()
-            .map(|(i, &off)| {
-                if off >= 0 && off.checked_add(chunk).is_some_and(|end| end <= capacity) {
-                    Ok(base as usize + off as usize)
-                } else if capacity < chunk {
-                    Err(PyValueError::new_err(format!(
-                        "offsets[{i}]={off}: the buffer of {capacity} bytes holds no chunk of \
-                         {chunk} bytes"
-                    )))
-                } else {
-                    Err(PyValueError::new_err(format!(
-                        "offsets[{i}]={off} puts a chunk of {chunk} bytes outside the buffer of \
-                         {capacity} bytes; allowed: 0 <= offset <= {}",
-                        capacity - chunk
-                    )))
-                }
-            })
-            .collect()
     }
 }
 
@@ -300,7 +193,7 @@ impl RemoteTier {
             .map_err(to_py)?;
         Ok(RemoteTier {
             tier,
-            owners: Mutex::default(),
+            lent: Lent::default(),
         })
     }
 
@@ -368,7 +261,9 @@ impl RemoteTier {
         let items = self.items(py, keys, base, capacity, &offsets, |a, n| unsafe {
             RawBuf::new(a as *const u8, n)
         })?;
-        self.submit_owned(py, buffer, |t| t.submit_store(items))
+        self.lent
+            .submit(py, buffer, || self.tier.submit_store(items))
+            .map_err(to_py)
     }
 
     fn submit_load(
@@ -385,7 +280,9 @@ impl RemoteTier {
         let items = self.items(py, keys, base, capacity, &offsets, |a, n| unsafe {
             RawBufMut::new(a as *mut u8, n)
         })?;
-        self.submit_owned(py, buffer, |t| t.submit_load(items))
+        self.lent
+            .submit(py, buffer, || self.tier.submit_load(items))
+            .map_err(to_py)
     }
 
     fn poll<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -449,8 +346,7 @@ impl RemoteTier {
     /// completions not taken yet stay for `poll` / `drain`.
     fn close(&self, py: Python<'_>) {
         py.detach(|| self.tier.close());
-        let freed = std::mem::take(&mut *self.owners());
-        drop(freed);
+        self.lent.clear();
     }
 }
 

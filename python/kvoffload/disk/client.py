@@ -1,0 +1,81 @@
+"""`DiskClient`: the Rust data path (`kvoffload._rust.DiskTier`), speaking in `ConfigError`s at
+start-up."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvoffload import _rust
+from kvoffload._buffers import bytes_view
+from kvoffload.disk.config import DiskTierConfig
+from kvoffload.errors import ConfigError
+
+Completion = tuple[int, bytes]
+"""A finished job: its id and one status byte per key (`kvoffload.remote.OK`, ...)."""
+
+
+class DiskClient:
+    """Jobs of many chunks against one directory, run on Rust I/O threads without the GIL.
+
+    Every chunk is `chunk_bytes` long and read from or written to `buffer[offset:offset +
+    chunk_bytes]` in place; the buffer must stay unchanged (stores) or untouched (loads) until its
+    job's completion comes back from `poll` or `drain` (the Rust side keeps it alive until then).
+    """
+
+    def __init__(self, config: DiskTierConfig, namespace_digest: bytes, chunk_bytes: int) -> None:
+        try:
+            self._tier = _rust.DiskTier(
+                config.path,
+                namespace_digest,
+                chunk_bytes,
+                config.capacity_bytes,
+                direct_io=config.direct_io,
+                io_threads=config.io_threads,
+            )
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"DiskTier path={config.path!r}: {exc}") from exc
+        self.config = config
+        self.chunk_bytes = chunk_bytes
+
+    @property
+    def direct(self) -> bool:
+        """Whether reads and writes bypass the page cache (`O_DIRECT`)."""
+        return self._tier.direct
+
+    @property
+    def scanned(self) -> bool:
+        """Whether what the directory held at start-up is in the index yet."""
+        return self._tier.scanned
+
+    def lookup_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many of `keys`, from the first, the tier holds (no I/O)."""
+        return self._tier.lookup_prefix(list(keys))
+
+    def store(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int:
+        array = bytes_view(buffer, writable=False)
+        return self._tier.submit_store(
+            list(keys), array, array.ctypes.data, array.nbytes, list(offsets)
+        )
+
+    def load(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int:
+        array = bytes_view(buffer, writable=True)
+        return self._tier.submit_load(
+            list(keys), array, array.ctypes.data, array.nbytes, list(offsets)
+        )
+
+    def poll(self) -> list[Completion]:
+        return self._tier.poll()
+
+    def drain(self, timeout_s: float) -> list[Completion]:
+        """Blocks until no job is in flight, or `timeout_s`."""
+        return self._tier.drain(timeout_s)
+
+    def in_flight(self) -> int:
+        return self._tier.in_flight()
+
+    def stats(self) -> dict[str, int]:
+        return self._tier.stats()
+
+    def close(self) -> None:
+        self._tier.close()

@@ -1,0 +1,71 @@
+"""`DiskTierConfig`: one `secondary_tiers` entry of type `DiskTier`, checked key by key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvoffload.errors import ConfigError
+
+# Keys vLLM's tier factory reads (or passes on) itself: not ours, not unknown either.
+_VLLM_KEYS = frozenset({"type", "module_path", "backpressure", "locality"})
+_DIRECT_IO = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class DiskTierConfig:
+    """The disk tier's settings; `docs/disk-tier.md` documents each one."""
+
+    path: str
+    capacity_bytes: int
+    namespace: str
+    direct_io: str = "auto"
+    io_threads: int = 8
+    enable_kv_events: bool = False
+
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any]) -> DiskTierConfig:
+        """Reads one `secondary_tiers` entry. Unknown keys and bad values raise `ConfigError`
+        naming the key."""
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"a secondary tier entry must be a dict, got {type(entry).__name__}")
+        unknown = sorted(set(entry) - set(cls.__dataclass_fields__) - _VLLM_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"unknown DiskTier key(s): {', '.join(map(repr, unknown))}; allowed: "
+                f"{', '.join(sorted(cls.__dataclass_fields__))}"
+            )
+        path = entry.get("path")
+        if not isinstance(path, str) or not path.strip():
+            raise ConfigError(
+                f"DiskTier path={path!r} is invalid: it is required, the tier's directory (e.g. "
+                "'/mnt/nvme/kvoffload'; several engines may share one)"
+            )
+        capacity = entry.get("capacity_bytes")
+        if type(capacity) is not int or capacity < 1:
+            raise ConfigError(
+                f"DiskTier capacity_bytes={capacity!r} is invalid: it is required, the bytes of "
+                "files the tier may keep (an int >= 1; the least recently used go past it)"
+            )
+        namespace = entry.get("namespace")
+        if not isinstance(namespace, str) or not namespace.strip() or len(namespace) > 1024:
+            raise ConfigError(
+                f"DiskTier namespace={namespace!r} is invalid: it is required, a non-empty string "
+                "of at most 1024 characters naming the model and its weights version"
+            )
+        direct = entry.get("direct_io", "auto")
+        if direct not in _DIRECT_IO:
+            raise ConfigError(
+                f"DiskTier direct_io={direct!r} is invalid; allowed: "
+                f"{', '.join(map(repr, _DIRECT_IO))}"
+            )
+        threads = entry.get("io_threads", 8)
+        if type(threads) is not int or not 1 <= threads <= 256:
+            raise ConfigError(
+                f"DiskTier io_threads={threads!r} is invalid: expected an int in [1, 256]"
+            )
+        events = entry.get("enable_kv_events", False)
+        if type(events) is not bool:
+            raise ConfigError(f"DiskTier enable_kv_events={events!r} is invalid: true or false")
+        return cls(path, capacity, namespace, direct, threads, events)

@@ -1,0 +1,230 @@
+//! `DiskTier`: the disk tier of `kvoffload-disk` (buffers are lent as `lent.rs` says); every call
+//! that waits or does I/O releases the GIL.
+
+use crate::keys::KeyArg;
+use crate::lent::{spans, Lent};
+use kvoffload_disk::{DirectIo, DiskConfig, DiskError, DiskJobs};
+use kvoffload_format::buf::{RawBuf, RawBufMut};
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn to_py(err: DiskError) -> PyErr {
+    match err {
+        DiskError::Config(_) => PyValueError::new_err(err.to_string()),
+        DiskError::Io(..) => PyOSError::new_err(err.to_string()),
+    }
+}
+
+fn timeout(v: f64) -> PyResult<Duration> {
+    if !v.is_finite() || !(0.0..=86400.0).contains(&v) {
+        return Err(PyValueError::new_err(format!(
+            "timeout_s={v} is out of range; allowed: 0 to 86400 seconds"
+        )));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+#[pyclass(frozen, module = "kvoffload._rust")]
+pub struct DiskTier {
+    // Declared first so it drops first: its drop joins the I/O threads, and only then may the
+    // owners below release the memory those threads were reading or writing.
+    jobs: DiskJobs,
+    lent: Lent,
+}
+
+impl DiskTier {
+    fn items<B>(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        base: u64,
+        capacity: i64,
+        offsets: &[i64],
+        span: impl Fn(usize, usize) -> B,
+    ) -> PyResult<Vec<(Vec<u8>, B)>> {
+        let keys: Vec<Vec<u8>> =
+            KeyArg::extract(keys)?.run(py, |k| Ok(k.iter().map(|k| k.to_vec()).collect()))?;
+        let chunk = self.jobs.tier().chunk_bytes();
+        let addrs = spans(chunk, keys.len(), base, capacity, offsets)?;
+        Ok(keys
+            .into_iter()
+            .zip(addrs)
+            .map(|(k, a)| (k, span(a, chunk)))
+            .collect())
+    }
+
+    fn handed_out<'py>(
+        &self,
+        py: Python<'py>,
+        done: Vec<kvoffload_disk::Completion>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let done = done.into_iter().map(|c| (c.job_id, c.statuses)).collect();
+        self.lent.handed_out(py, done)
+    }
+}
+
+#[pymethods]
+impl DiskTier {
+    #[new]
+    #[pyo3(signature = (path, namespace, chunk_bytes, capacity_bytes, *, direct_io = "auto", io_threads = 8))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        namespace: &[u8],
+        chunk_bytes: usize,
+        capacity_bytes: u64,
+        direct_io: &str,
+        io_threads: usize,
+    ) -> PyResult<Self> {
+        let ns: [u8; 16] = namespace.try_into().map_err(|_| {
+            PyValueError::new_err(format!(
+                "namespace has {} bytes; allowed: exactly 16 (a digest)",
+                namespace.len()
+            ))
+        })?;
+        let direct = match direct_io {
+            "auto" => DirectIo::Auto,
+            "on" => DirectIo::On,
+            "off" => DirectIo::Off,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "direct_io={other:?} is invalid; allowed: \"auto\", \"on\", \"off\""
+                )))
+            }
+        };
+        let mut cfg = DiskConfig::new(path, chunk_bytes);
+        cfg.direct = direct;
+        let jobs = py
+            .detach(|| DiskJobs::open(cfg, ns, capacity_bytes, io_threads))
+            .map_err(to_py)?;
+        Ok(DiskTier {
+            jobs,
+            lent: Lent::default(),
+        })
+    }
+
+    #[getter]
+    fn chunk_bytes(&self) -> usize {
+        self.jobs.tier().chunk_bytes()
+    }
+
+    /// Whether reads and writes bypass the page cache (`O_DIRECT`).
+    #[getter]
+    fn direct(&self) -> bool {
+        self.jobs.tier().direct()
+    }
+
+    /// Whether the index has taken in what the directory held at open.
+    #[getter]
+    fn scanned(&self) -> bool {
+        self.jobs.scanned()
+    }
+
+    /// How many of `keys`, from the first, the tier holds (its index: no I/O).
+    fn lookup_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        KeyArg::extract(keys)?.run(py, |k| Ok(self.jobs.lookup_prefix(k)))
+    }
+
+    fn submit_store(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        buffer: &Bound<'_, PyAny>,
+        base: u64,
+        capacity: i64,
+        offsets: Vec<i64>,
+    ) -> PyResult<u64> {
+        // SAFETY: each span lies in the caller's buffer (checked by `items`), which `buffer`
+        // owns and `lent` keeps alive until this job's completion; the caller leaves it
+        // unchanged until then (documented contract).
+        let items = self.items(py, keys, base, capacity, &offsets, |a, n| unsafe {
+            RawBuf::new(a as *const u8, n)
+        })?;
+        self.lent
+            .submit(py, buffer, || self.jobs.submit_store(items))
+            .map_err(to_py)
+    }
+
+    fn submit_load(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        buffer: &Bound<'_, PyAny>,
+        base: u64,
+        capacity: i64,
+        offsets: Vec<i64>,
+    ) -> PyResult<u64> {
+        // SAFETY: as in `submit_store`; the caller also leaves the spans untouched until then,
+        // and `DiskJobs::submit_load` refuses overlapping spans.
+        let items = self.items(py, keys, base, capacity, &offsets, |a, n| unsafe {
+            RawBufMut::new(a as *mut u8, n)
+        })?;
+        self.lent
+            .submit(py, buffer, || self.jobs.submit_load(items))
+            .map_err(to_py)
+    }
+
+    fn poll<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let done = py.detach(|| self.jobs.poll());
+        self.handed_out(py, done)
+    }
+
+    /// Waits until every job in flight has completed, or `timeout_s`; returns the completions.
+    fn drain<'py>(&self, py: Python<'py>, timeout_s: f64) -> PyResult<Bound<'py, PyList>> {
+        let until = Instant::now() + timeout(timeout_s)?;
+        let done = py.detach(|| {
+            let mut done = self.jobs.poll();
+            while self.jobs.in_flight() > 0 {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                done.extend(self.jobs.wait(left.min(Duration::from_millis(50))));
+            }
+            done.extend(self.jobs.poll());
+            done
+        });
+        self.handed_out(py, done)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.jobs.in_flight()
+    }
+
+    /// The tier's counters, and `chunks` (what its index holds) and `evicted`.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.jobs.tier().stats();
+        let (chunks, evicted) = self.jobs.counts();
+        let d = PyDict::new(py);
+        for (name, v) in [
+            ("stored_chunks", s.stored_chunks),
+            ("store_exists", s.store_exists),
+            ("store_failures", s.store_failures),
+            ("stores_full", s.stores_full),
+            ("loaded_chunks", s.loaded_chunks),
+            ("load_missing", s.load_missing),
+            ("load_failures", s.load_failures),
+            ("corrupt", s.corrupt),
+            ("bytes_written", s.bytes_written),
+            ("bytes_read", s.bytes_read),
+            ("chunks", chunks as u64),
+            ("evicted", evicted),
+        ] {
+            d.set_item(name, v)?;
+        }
+        Ok(d)
+    }
+
+    /// Finishes the jobs in flight and stops the I/O threads, then drops every owner.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.jobs.close());
+        self.lent.clear();
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<DiskTier>()
+}

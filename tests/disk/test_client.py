@@ -1,0 +1,121 @@
+"""`DiskClient` over the Rust disk tier, on this machine's filesystem: jobs with numpy buffers,
+the index's lookups and capacity, a restart, and bad settings."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvoffload import ConfigError
+from kvoffload.disk import DiskClient, DiskTierConfig
+from kvoffload.remote import CORRUPT, EXISTS, MISSING, OK
+
+CHUNK = 16 * 1024
+DIGEST = hashlib.blake2b(b"disk-client-test", digest_size=16).digest()
+
+
+def client(path: Path, capacity_chunks: int = 100, **options: object) -> DiskClient:
+    entry = {
+        "path": str(path),
+        "capacity_bytes": capacity_chunks * (4096 + CHUNK),
+        "namespace": "m@1",
+        **options,
+    }
+    c = DiskClient(DiskTierConfig.from_dict(entry), DIGEST, CHUNK)
+    deadline = time.monotonic() + 10
+    while not c.scanned:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    return c
+
+
+def keys(n: int, salt: int = 0) -> list[bytes]:
+    return [bytes([salt]) * 32 + i.to_bytes(4, "big") for i in range(n)]
+
+
+def done(c: DiskClient, job: int) -> bytes:
+    got = dict(c.drain(30))
+    return got[job]
+
+
+def test_chunks_round_trip_in_place_and_lookups_answer_from_the_index(tmp_path):
+    c = client(tmp_path)
+    ks = keys(8)
+    src = np.random.default_rng(1).integers(0, 256, 8 * CHUNK, dtype=np.uint8)
+    offsets = [i * CHUNK for i in range(8)]
+    assert done(c, c.store(ks, src, offsets)) == bytes([OK]) * 8
+    assert done(c, c.store(ks[:1], src, [0])) == bytes([EXISTS])
+    dest = np.zeros_like(src)
+    assert done(c, c.load(ks, dest, offsets)) == bytes([OK]) * 8
+    assert np.array_equal(dest, src)
+    assert c.lookup_prefix([*ks[:3], keys(1, salt=9)[0], ks[4]]) == 3
+    assert done(c, c.load(keys(1, salt=9), dest, [0])) == bytes([MISSING])
+    s = c.stats()
+    assert (s["stored_chunks"], s["loaded_chunks"], s["chunks"]) == (8, 8, 8)
+
+
+def test_a_damaged_file_is_never_served(tmp_path):
+    c = client(tmp_path, direct_io="off")
+    (k,) = keys(1)
+    src = np.full(CHUNK, 7, dtype=np.uint8)
+    assert done(c, c.store([k], src, [0])) == bytes([OK])
+    (path,) = [p for p in tmp_path.rglob("*") if p.is_file() and p.name == k.hex()]
+    raw = bytearray(path.read_bytes())
+    raw[4096 + 100] ^= 1
+    path.write_bytes(bytes(raw))
+    dest = np.zeros(CHUNK, dtype=np.uint8)
+    assert done(c, c.load([k], dest, [0])) == bytes([CORRUPT])
+    assert not path.exists() and c.lookup_prefix([k]) == 0
+    assert c.stats()["corrupt"] == 1
+
+
+def test_a_restarted_client_serves_what_the_last_one_stored(tmp_path):
+    first = client(tmp_path)
+    ks = keys(4)
+    src = np.arange(4 * CHUNK, dtype=np.uint8)
+    assert done(first, first.store(ks, src, [i * CHUNK for i in range(4)])) == bytes([OK]) * 4
+    first.close()
+    second = client(tmp_path)
+    assert second.lookup_prefix(ks) == 4
+    dest = np.zeros_like(src)
+    assert done(second, second.load(ks, dest, [i * CHUNK for i in range(4)])) == bytes([OK]) * 4
+    assert np.array_equal(dest, src)
+
+
+def test_capacity_bytes_is_held(tmp_path):
+    c = client(tmp_path, capacity_chunks=3)
+    src = np.zeros(CHUNK, dtype=np.uint8)
+    for k in keys(5):
+        assert done(c, c.store([k], src, [0])) == bytes([OK])
+    s = c.stats()
+    assert (s["chunks"], s["evicted"]) == (3, 2)
+    assert sum(1 for p in tmp_path.rglob("*") if p.is_file()) == 3
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"path": ""}, "path=''"),
+        ({"capacity_bytes": 0}, "capacity_bytes=0"),
+        ({"capacity_bytes": 4096}, "capacity_bytes=4096 holds no chunk"),
+        ({"namespace": " "}, "namespace=' '"),
+        ({"direct_io": "yes"}, "direct_io='yes'"),
+        ({"io_threads": 0}, "io_threads=0"),
+        ({"capcity_bytes": 1}, "unknown DiskTier key"),
+    ],
+)
+def test_bad_settings_stop_start_up_naming_the_key(tmp_path, change, match):
+    entry = {"path": str(tmp_path), "capacity_bytes": 1 << 30, "namespace": "m@1", **change}
+    with pytest.raises(ConfigError, match=match):
+        DiskClient(DiskTierConfig.from_dict(entry), DIGEST, CHUNK)
+
+
+def test_a_path_that_cannot_be_a_directory_stops_start_up(tmp_path):
+    (tmp_path / "file").write_bytes(b"x")
+    entry = {"path": str(tmp_path / "file"), "capacity_bytes": 1 << 30, "namespace": "m@1"}
+    with pytest.raises(ConfigError, match="cannot create the tier's directory"):
+        DiskClient(DiskTierConfig.from_dict(entry), DIGEST, CHUNK)
