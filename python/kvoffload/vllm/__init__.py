@@ -6,7 +6,9 @@ Two seams, both named in `--kv-transfer-config`: `KVOffloadConnector` (our conne
 `{"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {"spec_name":
 "KVOffloadSpec", "spec_module_path": "kvoffload.vllm", ...}}`). `RedisTier` is a shared Redis/Valkey
 tier for vLLM's own `TieringOffloadingSpec` (`"secondary_tiers": [{"type": "RedisTier",
-"module_path": "kvoffload.vllm", "url": ..., "namespace": ...}]`).
+"module_path": "kvoffload.vllm", "url": ..., "namespace": ...}]`), and `DiskTier` a disk tier for
+it (`{"type": "DiskTier", "module_path": "kvoffload.vllm", "path": ..., "capacity_bytes": ...,
+"namespace": ...}`); vLLM's tiering chains the entries in order.
 """
 
 try:
@@ -15,6 +17,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("kvoffload.vllm needs vLLM 0.33: pip install 'kvoffload[vllm]'") from exc
 
 from kvoffload.vllm.connector import KVOffloadConnector
+from kvoffload.vllm.disk_tier import DiskTier
 from kvoffload.vllm.redis_tier import RedisTier
 from kvoffload.vllm.spec import KVOffloadSpec
 from kvoffload.vllm.spec_manager import KVOffloadManager
@@ -22,6 +25,7 @@ from kvoffload.vllm.spec_worker import KVOffloadWorker
 from kvoffload.vllm.stats import KVOffloadStats
 
 __all__ = [
+    "DiskTier",
     "KVOffloadConnector",
     "KVOffloadManager",
     "KVOffloadSpec",

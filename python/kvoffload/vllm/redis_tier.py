@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
 )
@@ -21,9 +20,7 @@ from vllm.v1.core import kv_cache_utils
 from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
-    Medium,
     OffloadingCounterMetadata,
-    OffloadingEvent,
     OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
     OffloadKey,
@@ -34,19 +31,14 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 from vllm.v1.kv_offload.tiering.base import (
     TIER_LABEL,
-    JobResult,
-    SecondaryTierManager,
     TransferJob,
 )
 
-from kvoffload.errors import ConfigError
 from kvoffload.remote import (
     CORRUPT,
-    EXISTS,
     FAILED,
     NODE_COUNTERS,
     NODE_GAUGES,
-    OK,
     NodeReport,
     RemoteClient,
     RemoteLookups,
@@ -54,6 +46,7 @@ from kvoffload.remote import (
     SeedCanary,
     TierIdentity,
 )
+from kvoffload.vllm.chunk_tier import ChunkTier
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -79,11 +72,11 @@ _BREAKER_STATES = {"up": 0, "down": 1, "half-open": 2}
 _GAUGES = frozenset({"jobs_in_flight", "store_bytes_in_flight", "breaker_state"})
 
 
-class RedisTier(SecondaryTierManager):
+class RedisTier(ChunkTier):
     """A `SecondaryTierManager` on Redis 7 / Valkey 8; see `docs/shared-tier.md` for
     every key. Faults degrade to CPU-only: lookups miss, stores drop, loads fail and recompute."""
 
-    medium: ClassVar[Medium] = Medium.STORAGE
+    _client: RemoteClient
 
     def __init__(
         self,
@@ -93,10 +86,16 @@ class RedisTier(SecondaryTierManager):
         backpressure_detector: BackpressureDetector | None = None,
         **entry: Any,
     ) -> None:
-        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         config = RemoteTierConfig.from_dict(entry)
+        super().__init__(
+            offloading_spec,
+            primary_kv_view,
+            tier_type,
+            backpressure_detector,
+            locality=entry.get("locality", Locality.REMOTE.value),
+            enable_kv_events=config.enable_kv_events,
+        )
         self.config = config
-        self.locality = _locality(entry.get("locality", Locality.REMOTE.value))
         chunk_bytes = self.block_size_bytes
         digest = identity_of(offloading_spec, config.namespace, chunk_bytes).digest()
         self._client = RemoteClient(config, digest, chunk_bytes)
@@ -104,14 +103,7 @@ class RedisTier(SecondaryTierManager):
         self._lookup_client = RemoteClient(config, digest, chunk_bytes, connections=1)
         self._lookups = RemoteLookups(self._lookup_client)
         self._nodes = NodeReport(self._client, self._lookup_client)
-        # The view is the whole CPU region: a chunk id is a row of `chunk_bytes`.
-        self._base = primary_kv_view
-        self._jobs: dict[int, tuple[TransferJob, float]] = {}
         self._touch_jobs: set[int] = set()
-        self._pending: list[JobResult] = []
-        self._events: list[OffloadingEvent] | None = None
-        if config.enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events:
-            self._events = []
         self._reported = {name: 0 for name in _COUNTERS}
         self._canary = SeedCanary(self._client, logger)
         self._warned_at = -_WARN_EVERY_S
@@ -140,52 +132,22 @@ class RedisTier(SecondaryTierManager):
 
     # --- jobs ------------------------------------------------------------------------------
 
-    def submit_store(self, job_metadata: TransferJob) -> None:
-        self._submit(job_metadata, self._client.store)
-
-    def submit_load(self, job_metadata: TransferJob) -> None:
-        self._submit(job_metadata, self._client.load)
-
-    def _submit(self, job: TransferJob, submit: Any) -> None:
-        offsets = (job.chunk_ids.astype(np.int64) * self.block_size_bytes).tolist()
-        try:
-            rust_job = submit(list(job.keys), self._base, offsets)
-        except (ValueError, TypeError) as exc:  # a slot outside the region: never silently
-            logger.error("RedisTier job %d refused: %s", job.job_id, exc)
-            self._pending.append(JobResult(job_id=job.job_id, success=False))
-            return
-        self._jobs[rust_job] = (job, time.monotonic())
-
-    def get_finished_jobs(self) -> Iterable[JobResult]:
-        self._collect(self._client.poll())
-        done, self._pending = self._pending, []
-        return done
-
-    def drain_jobs(self) -> None:
-        # Every job ends by its deadline (fixed part + bytes / min bandwidth), so this is bounded.
-        while self._jobs:
-            self._collect(self._client.drain(self._drain_timeout()))
+    def _refused(self, job: TransferJob, exc: Exception) -> None:
+        logger.error("RedisTier job %d refused: %s", job.job_id, exc)
 
     def _drain_timeout(self) -> float:
+        # Every job ends by its deadline (fixed part + bytes / min bandwidth), so this is bounded.
         total = sum(len(job.keys) for job, _ in self._jobs.values()) * self.block_size_bytes
         return self.config.job_timeout_s + total / (self.config.min_bandwidth_mb_s * 1e6) + 1.0
 
     def _collect(self, completions: list[tuple[int, bytes]]) -> None:
-        now = time.monotonic()
-        self._warn_failures(completions, now)
-        for rust_job, statuses in completions:
-            if rust_job in self._touch_jobs:
-                self._touch_jobs.discard(rust_job)
-                continue
-            entry = self._jobs.pop(rust_job, None)
-            if entry is None:
-                continue
-            job, started = entry
-            keys = list(job.keys)
-            if job.is_promotion:
-                self._pending.append(self._load_result(job, keys, statuses, now - started))
-            else:
-                self._pending.append(self._store_result(job, keys, statuses, now - started))
+        self._warn_failures(completions, time.monotonic())
+        # TOUCH jobs (lookups of the keys a hit found) end here: vLLM knows nothing of them.
+        self._touch_jobs.difference_update(job for job, _ in completions)
+        super()._collect(completions)
+
+    def _missed(self, keys: list[OffloadKey]) -> None:
+        self._lookups.mark_miss(keys)
 
     def _warn_failures(self, completions: list[tuple[int, bytes]], now: float) -> None:
         self._failed_since_warning += sum(
@@ -200,50 +162,6 @@ class RedisTier(SecondaryTierManager):
                 self._client.last_error,
             )
             self._warned_at, self._failed_since_warning = now, 0
-
-    def _load_result(
-        self, job: TransferJob, keys: list[OffloadKey], statuses: bytes, took: float
-    ) -> JobResult:
-        loaded = [k for k, s in zip(keys, statuses, strict=True) if s == OK]
-        if len(loaded) == len(keys):
-            return JobResult(
-                job.job_id,
-                True,
-                transfer_time=took,
-                transfer_bytes=len(keys) * self.block_size_bytes,
-            )
-        # A key that did not load is a miss for this tier from now on (vLLM's livelock guard):
-        # the request recomputes it, and what did arrive is kept.
-        failed = [k for k, s in zip(keys, statuses, strict=True) if s != OK]
-        self._lookups.mark_miss(failed)
-        if self._events is not None:
-            self._events.append(
-                OffloadingEvent(
-                    keys=failed, medium=self.medium, removed=True, locality=self.locality
-                )
-            )
-        return JobResult(
-            job.job_id,
-            False,
-            successful_keys=loaded,
-            transfer_time=took,
-            transfer_bytes=len(loaded) * self.block_size_bytes,
-        )
-
-    def _store_result(
-        self, job: TransferJob, keys: list[OffloadKey], statuses: bytes, took: float
-    ) -> JobResult:
-        stored = sum(s in (OK, EXISTS) for s in statuses)
-        success = stored == len(keys)
-        if success and self._events is not None:
-            self._events.append(
-                OffloadingEvent(
-                    keys=keys, medium=self.medium, removed=False, locality=self.locality
-                )
-            )
-        return JobResult(
-            job.job_id, success, transfer_time=took, transfer_bytes=stored * self.block_size_bytes
-        )
 
     def has_pending_work(self) -> bool:
         return bool(self._jobs) or self._lookups.in_flight() > 0
@@ -262,12 +180,6 @@ class RedisTier(SecondaryTierManager):
         none_hash = getattr(kv_cache_utils, "NONE_HASH", None)
         if none_hash is not None:
             self._canary.start(bytes(none_hash))
-
-    def take_events(self) -> Iterable[OffloadingEvent]:
-        if self._events:
-            events, self._events = self._events, []
-            return events
-        return ()
 
     # --- metrics and lifetime --------------------------------------------------------------
 
@@ -332,16 +244,6 @@ class RedisTier(SecondaryTierManager):
         self.drain_jobs()
         self._client.close()
         self._lookup_client.close()
-
-
-def _locality(value: object) -> Locality:
-    try:
-        return Locality(value)
-    except ValueError:
-        raise ConfigError(
-            f"secondary tier locality={value!r} is invalid: expected one of "
-            f"{', '.join(repr(m.value) for m in Locality)}"
-        ) from None
 
 
 def identity_of(spec: OffloadingSpec, namespace: str, chunk_bytes: int) -> TierIdentity:

@@ -1,0 +1,179 @@
+"""`DiskTier`: a disk tier (local NVMe, or a shared filesystem) for vLLM 0.33's
+`TieringOffloadingSpec`.
+
+vLLM loads it by module path from a `secondary_tiers` entry (`"type": "DiskTier",
+"module_path": "kvoffload.vllm"`), beside or before a `RedisTier`: vLLM's tiering chains them
+(CPU -> disk -> Redis). Chunks move between vLLM's CPU region and one checked file each on the
+Rust data path's I/O threads, without the GIL; lookups answer from the data path's index, without
+I/O, so the scheduler thread never waits on the disk.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    OffloadingCounterMetadata,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+)
+from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
+from vllm.v1.kv_offload.tiering.base import TIER_LABEL, JobResult, TransferJob
+
+from kvoffload.disk import DiskClient, DiskTierConfig
+from kvoffload.vllm.chunk_tier import ChunkTier
+from kvoffload.vllm.redis_tier import identity_of
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadingSpec
+
+logger = logging.getLogger(__name__)
+
+_METRIC = "kvoffload:disk_tier_"
+# Counters of the data path exported as Prometheus counters (name -> help text).
+_COUNTERS = {
+    "corrupt": "Files that failed the length, header or CRC32C check (each removed, never served).",
+    "stores_full": "Chunks not written because the filesystem was full.",
+    "store_failures": "Chunks not written for any reason (a full filesystem among them).",
+    "load_missing": "Chunks a load found absent (evicted, or removed by another engine).",
+    "evicted": "Chunks evicted to hold capacity_bytes.",
+}
+# Chunks whose load failed stay misses (vLLM's livelock guard) until stored again; at most this
+# many are remembered, oldest forgotten first.
+_MAX_FAILED = 65_536
+
+
+class DiskTier(ChunkTier):
+    """A `SecondaryTierManager` on a directory; see `docs/disk-tier.md` for every key. A file
+    that fails a check is removed and recomputed; a full filesystem drops the store."""
+
+    _client: DiskClient
+
+    def __init__(
+        self,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: BackpressureDetector | None = None,
+        **entry: Any,
+    ) -> None:
+        config = DiskTierConfig.from_dict(entry)
+        super().__init__(
+            offloading_spec,
+            primary_kv_view,
+            tier_type,
+            backpressure_detector,
+            locality=entry.get("locality", Locality.LOCAL.value),
+            enable_kv_events=config.enable_kv_events,
+        )
+        self.config = config
+        chunk_bytes = self.block_size_bytes
+        digest = identity_of(offloading_spec, config.namespace, chunk_bytes).digest()
+        self._client = DiskClient(config, digest, chunk_bytes)
+        self._failed: dict[OffloadKey, None] = {}
+        self._reported = dict.fromkeys(_COUNTERS, 0)
+        logger.info(
+            "DiskTier %s: %d bytes, %s I/O, %d I/O threads",
+            config.path,
+            config.capacity_bytes,
+            "direct" if self._client.direct else "buffered",
+            config.io_threads,
+        )
+
+    # --- lookups ---------------------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if key in self._failed:
+            return LookupResult.MISS
+        return LookupResult.HIT if self._client.lookup_prefix([key]) else LookupResult.MISS
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Nothing to do: a load that hits sets the file's time (the recency every engine sharing
+        the directory evicts by)."""
+
+    # --- jobs ------------------------------------------------------------------------------
+
+    def _refused(self, job: TransferJob, exc: Exception) -> None:
+        logger.error("DiskTier job %d refused: %s", job.job_id, exc)
+
+    def _missed(self, keys: list[OffloadKey]) -> None:
+        for key in keys:
+            self._failed[key] = None
+        while len(self._failed) > _MAX_FAILED:
+            del self._failed[next(iter(self._failed))]
+
+    def _store_result(
+        self, job: TransferJob, keys: list[OffloadKey], statuses: bytes, took: float
+    ) -> JobResult:
+        result = super()._store_result(job, keys, statuses, took)
+        if result.success:
+            for key in keys:
+                self._failed.pop(key, None)
+        return result
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs)
+
+    # --- per request and per step ----------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        pass
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        pass
+
+    # --- metrics and lifetime --------------------------------------------------------------
+
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
+        labels = (TIER_LABEL,)
+        metrics: dict[str, OffloadingMetricMetadata] = {
+            _METRIC + name: OffloadingCounterMetadata(documentation=doc, labelnames=labels)
+            for name, doc in _COUNTERS.items()
+        }
+        metrics[_METRIC + "chunks"] = OffloadingGaugeMetadata(
+            documentation="Chunks the tier holds (its index).", labelnames=labels
+        )
+        return metrics
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        stats = OffloadingConnectorStats()
+        now = self._client.stats()
+        label = (self.tier_type,)
+        for name in _COUNTERS:
+            delta = now[name] - self._reported[name]
+            if delta:
+                stats.increase_counter(_METRIC + name, delta, label)
+                self._reported[name] = now[name]
+        stats.set_gauge(_METRIC + "chunks", now["chunks"], label)
+        return stats
+
+    @property
+    def scanned(self) -> bool:
+        """Whether what the directory held at start-up is in the index yet (until then those
+        chunks are misses: the scan never delays a step)."""
+        return self._client.scanned
+
+    def stats(self) -> dict[str, int]:
+        """The data path's counters (`chunks`: what its index holds)."""
+        return self._client.stats()
+
+    def shutdown(self) -> None:
+        self.drain_jobs()
+        self._client.close()
