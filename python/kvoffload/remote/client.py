@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvoffload import _rust
-from kvoffload._buffers import bytes_view
+from kvoffload._buffers import lend
 from kvoffload.errors import ConfigError
 from kvoffload.remote.config import RemoteTierConfig
 
@@ -80,16 +80,10 @@ class RemoteClient:
         return self._tier.submit_lookup(list(keys))
 
     def store(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int:
-        array = bytes_view(buffer, writable=False)
-        return self._tier.submit_store(
-            list(keys), array, array.ctypes.data, array.nbytes, list(offsets)
-        )
+        return lend(self._tier.submit_store, keys, buffer, offsets, writable=False)
 
     def load(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int:
-        array = bytes_view(buffer, writable=True)
-        return self._tier.submit_load(
-            list(keys), array, array.ctypes.data, array.nbytes, list(offsets)
-        )
+        return lend(self._tier.submit_load, keys, buffer, offsets, writable=True)
 
     def poll(self) -> list[Completion]:
         return self._tier.poll()

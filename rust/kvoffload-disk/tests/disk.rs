@@ -1,33 +1,15 @@
 //! The disk tier on this machine's real filesystems: a directory under the system's temporary
 //! directory, and a small tmpfs mounted by the test for a full filesystem.
 
+mod common;
+
+use common::TempDir;
 use kvoffload_disk::{DirectIo, DiskConfig, DiskTier, Loaded, Stored};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 const NS: [u8; 16] = *b"disk-tier-tests!";
-
-/// A directory of its own, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("kvo-disk-{tag}-{}-{n}", std::process::id()));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

@@ -1,34 +1,18 @@
 //! `DiskJobs` on the real filesystem: jobs spread over threads, the index and its capacity, and
 //! a restart that rebuilds the index from the directory.
 
+mod common;
+
+use common::TempDir;
 use kvoffload_disk::{DiskConfig, DiskJobs};
 use kvoffload_format::buf::{RawBuf, RawBufMut};
 use kvoffload_format::status::{EXISTS, MISSING, OK};
-use std::fs;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const NS: [u8; 16] = *b"disk-jobs-tests!";
 const CHUNK: usize = 64 * 1024;
 /// One chunk's file: the 4 KiB header block and the payload.
 const FILE: u64 = 4096 + CHUNK as u64;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("kvo-jobs-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 fn key(i: u32) -> Vec<u8> {
     let mut k = vec![0xab; 32];

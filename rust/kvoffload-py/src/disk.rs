@@ -2,7 +2,7 @@
 //! that waits or does I/O releases the GIL.
 
 use crate::keys::KeyArg;
-use crate::lent::{spans, Lent};
+use crate::lent::{items, Lent};
 use kvoffload_disk::{DirectIo, DiskConfig, DiskError, DiskJobs};
 use kvoffload_format::buf::{RawBuf, RawBufMut};
 use pyo3::exceptions::{PyOSError, PyValueError};
@@ -36,26 +36,6 @@ pub struct DiskTier {
 }
 
 impl DiskTier {
-    fn items<B>(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        base: u64,
-        capacity: i64,
-        offsets: &[i64],
-        span: impl Fn(usize, usize) -> B,
-    ) -> PyResult<Vec<(Vec<u8>, B)>> {
-        let keys: Vec<Vec<u8>> =
-            KeyArg::extract(keys)?.run(py, |k| Ok(k.iter().map(|k| k.to_vec()).collect()))?;
-        let chunk = self.jobs.tier().chunk_bytes();
-        let addrs = spans(chunk, keys.len(), base, capacity, offsets)?;
-        Ok(keys
-            .into_iter()
-            .zip(addrs)
-            .map(|(k, a)| (k, span(a, chunk)))
-            .collect())
-    }
-
     fn handed_out<'py>(
         &self,
         py: Python<'py>,
@@ -140,9 +120,15 @@ impl DiskTier {
         // SAFETY: each span lies in the caller's buffer (checked by `items`), which `buffer`
         // owns and `lent` keeps alive until this job's completion; the caller leaves it
         // unchanged until then (documented contract).
-        let items = self.items(py, keys, base, capacity, &offsets, |a, n| unsafe {
-            RawBuf::new(a as *const u8, n)
-        })?;
+        let items = items(
+            py,
+            keys,
+            self.jobs.tier().chunk_bytes(),
+            base,
+            capacity,
+            &offsets,
+            |a, n| unsafe { RawBuf::new(a as *const u8, n) },
+        )?;
         self.lent
             .submit(py, buffer, || self.jobs.submit_store(items))
             .map_err(to_py)
@@ -159,9 +145,15 @@ impl DiskTier {
     ) -> PyResult<u64> {
         // SAFETY: as in `submit_store`; the caller also leaves the spans untouched until then,
         // and `DiskJobs::submit_load` refuses overlapping spans.
-        let items = self.items(py, keys, base, capacity, &offsets, |a, n| unsafe {
-            RawBufMut::new(a as *mut u8, n)
-        })?;
+        let items = items(
+            py,
+            keys,
+            self.jobs.tier().chunk_bytes(),
+            base,
+            capacity,
+            &offsets,
+            |a, n| unsafe { RawBufMut::new(a as *mut u8, n) },
+        )?;
         self.lent
             .submit(py, buffer, || self.jobs.submit_load(items))
             .map_err(to_py)

@@ -3,7 +3,7 @@
 //! binding keeps that object until the job's completion is handed out, so the memory outlives
 //! every worker access whatever the caller does with its own references.
 
-use crate::keys::new_bytes;
+use crate::keys::{new_bytes, KeyArg};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -128,4 +128,25 @@ pub(crate) fn spans(
             }
         })
         .collect()
+}
+
+/// The keys, each with its chunk-sized span of the caller's buffer (`base + offset`), made by
+/// `span(address, chunk)`.
+pub(crate) fn items<B>(
+    py: Python<'_>,
+    keys: &Bound<'_, PyAny>,
+    chunk: usize,
+    base: u64,
+    capacity: i64,
+    offsets: &[i64],
+    span: impl Fn(usize, usize) -> B,
+) -> PyResult<Vec<(Vec<u8>, B)>> {
+    let keys: Vec<Vec<u8>> =
+        KeyArg::extract(keys)?.run(py, |k| Ok(k.iter().map(|k| k.to_vec()).collect()))?;
+    let addrs = spans(chunk, keys.len(), base, capacity, offsets)?;
+    Ok(keys
+        .into_iter()
+        .zip(addrs)
+        .map(|(k, a)| (k, span(a, chunk)))
+        .collect())
 }

@@ -3,7 +3,7 @@
 
 use crate::errors::RemoteError;
 use crate::keys::{new_bytes, KeyArg};
-use crate::lent::{spans, Lent};
+use crate::lent::{items, Lent};
 use kvoffload_remote::{
     self as remote, CanaryOutcome, Completion, Config, LookupTable, RawBuf, RawBufMut, Tier,
     TlsConfig,
@@ -69,26 +69,6 @@ fn mask_remote_url(url: &str) -> String {
 }
 
 impl RemoteTier {
-    /// The keys, each with its chunk-sized span of the caller's buffer (`base + offset`).
-    fn items<B>(
-        &self,
-        py: Python<'_>,
-        keys: &Bound<'_, PyAny>,
-        base: u64,
-        capacity: i64,
-        offsets: &[i64],
-        span: impl Fn(usize, usize) -> B,
-    ) -> PyResult<Vec<(Vec<u8>, B)>> {
-        let keys = self.keys(py, keys)?;
-        let chunk = self.tier.chunk_bytes();
-        let addrs = spans(chunk, keys.len(), base, capacity, offsets)?;
-        Ok(keys
-            .into_iter()
-            .zip(addrs)
-            .map(|(k, a)| (k, span(a, chunk)))
-            .collect())
-    }
-
     fn handed_out<'py>(
         &self,
         py: Python<'py>,
@@ -258,9 +238,15 @@ impl RemoteTier {
         // SAFETY: each span lies in the caller's buffer (checked by `items`), which `buffer`
         // owns and `owners` keeps alive until this job's completion; the caller leaves it
         // unchanged until then (documented contract).
-        let items = self.items(py, keys, base, capacity, &offsets, |a, n| unsafe {
-            RawBuf::new(a as *const u8, n)
-        })?;
+        let items = items(
+            py,
+            keys,
+            self.tier.chunk_bytes(),
+            base,
+            capacity,
+            &offsets,
+            |a, n| unsafe { RawBuf::new(a as *const u8, n) },
+        )?;
         self.lent
             .submit(py, buffer, || self.tier.submit_store(items))
             .map_err(to_py)
@@ -277,9 +263,15 @@ impl RemoteTier {
     ) -> PyResult<u64> {
         // SAFETY: as in `submit_store`; the caller also leaves the spans untouched until then,
         // and `Tier::submit_load` refuses overlapping spans.
-        let items = self.items(py, keys, base, capacity, &offsets, |a, n| unsafe {
-            RawBufMut::new(a as *mut u8, n)
-        })?;
+        let items = items(
+            py,
+            keys,
+            self.tier.chunk_bytes(),
+            base,
+            capacity,
+            &offsets,
+            |a, n| unsafe { RawBufMut::new(a as *mut u8, n) },
+        )?;
         self.lent
             .submit(py, buffer, || self.tier.submit_load(items))
             .map_err(to_py)
