@@ -48,6 +48,11 @@ class DiskClient:
         """Whether what the directory held at start-up is in the index yet."""
         return self._tier.scanned
 
+    @property
+    def last_error(self) -> str | None:
+        """Why the last item failed (with the file's path), for logs."""
+        return self._tier.last_error
+
     def lookup_prefix(self, keys: Sequence[bytes]) -> int:
         """How many of `keys`, from the first, the tier holds (no I/O)."""
         return self._tier.lookup_prefix(list(keys))

@@ -4,6 +4,7 @@ on a Rust data path, and their per-key statuses become vLLM's `JobResult`s and K
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -14,10 +15,18 @@ from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvoffload.errors import ConfigError
-from kvoffload.remote import EXISTS, OK
+from kvoffload.remote import CORRUPT, EXISTS, FAILED, OK, TierIdentity
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
+
+logger = logging.getLogger(__name__)
+# At most one warning per this many seconds about failed jobs: a tier that is down fails every
+# job.
+_WARN_EVERY_S = 10.0
+# A drain gives up on jobs still out after this many rounds of `_drain_timeout` (a hung mount):
+# they are reported failed, so shutdown never hangs.
+_DRAIN_ROUNDS = 3
 
 
 class DataPath(Protocol):
@@ -27,6 +36,8 @@ class DataPath(Protocol):
     def load(self, keys: list[bytes], buffer: Any, offsets: list[int]) -> int: ...
     def poll(self) -> list[tuple[int, bytes]]: ...
     def drain(self, timeout_s: float) -> list[tuple[int, bytes]]: ...
+    @property
+    def last_error(self) -> str | None: ...
 
 
 class ChunkTier(SecondaryTierManager):
@@ -53,6 +64,8 @@ class ChunkTier(SecondaryTierManager):
         self._events: list[OffloadingEvent] | None = None
         if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events:
             self._events = []
+        self._warned_at = -_WARN_EVERY_S
+        self._failed_since_warning = 0
 
     _client: DataPath
 
@@ -75,7 +88,22 @@ class ChunkTier(SecondaryTierManager):
         self._jobs[rust_job] = (job, time.monotonic())
 
     def _refused(self, job: TransferJob, exc: Exception) -> None:
-        """A job the data path refused (logged by the subclass)."""
+        """A job the data path refused: never silently."""
+        logger.error("%s job %d refused: %s", self._describe(), job.job_id, exc)
+
+    def _warn_failures(self, completions: list[tuple[int, bytes]], now: float) -> None:
+        self._failed_since_warning += sum(
+            any(s in (CORRUPT, FAILED) for s in statuses) for _, statuses in completions
+        )
+        if self._failed_since_warning and now - self._warned_at >= _WARN_EVERY_S:
+            logger.warning(
+                "%s: %d job(s) failed or found corrupt values (recomputed, never served); "
+                "latest reason: %s",
+                self._describe(),
+                self._failed_since_warning,
+                self._client.last_error,
+            )
+            self._warned_at, self._failed_since_warning = now, 0
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         self._collect(self._client.poll())
@@ -83,14 +111,32 @@ class ChunkTier(SecondaryTierManager):
         return done
 
     def drain_jobs(self) -> None:
-        while self._jobs:
+        for _ in range(_DRAIN_ROUNDS):
+            if not self._jobs:
+                return
             self._collect(self._client.drain(self._drain_timeout()))
+        if self._jobs:
+            logger.error(
+                "%s: %d job(s) did not end in %d drains of %.0f s; reported failed",
+                self._describe(),
+                len(self._jobs),
+                _DRAIN_ROUNDS,
+                self._drain_timeout(),
+            )
+            for job, _ in self._jobs.values():
+                self._pending.append(JobResult(job_id=job.job_id, success=False))
+            self._jobs.clear()
 
     def _drain_timeout(self) -> float:
         return 60.0
 
+    def _describe(self) -> str:
+        """The tier in log lines."""
+        raise NotImplementedError
+
     def _collect(self, completions: list[tuple[int, bytes]]) -> None:
         now = time.monotonic()
+        self._warn_failures(completions, now)
         for rust_job, statuses in completions:
             entry = self._jobs.pop(rust_job, None)
             if entry is None:
@@ -164,3 +210,27 @@ def _locality(value: object) -> Locality:
             f"secondary tier locality={value!r} is invalid: expected one of "
             f"{', '.join(repr(m.value) for m in Locality)}"
         ) from None
+
+
+def identity_of(spec: OffloadingSpec, namespace: str, chunk_bytes: int) -> TierIdentity:
+    """What vLLM's tiering region bytes depend on beyond the block hash (its CPU region lays a
+    chunk out as every worker's page for every group and layer, so rank is not part of it)."""
+    config = spec.config
+    parallel = config.parallel
+    layers = tuple(name for group in config.groups for name in group.layer_names)
+    layout = f"vllm-tiering/{config.kv_cache_layout or 'default'}"
+    if config.canonical_layout:
+        layout += "/canonical"
+    return TierIdentity(
+        namespace=namespace,
+        model=config.model.name,
+        kv_dtype=str(config.model.dtype),
+        tokens_per_block=config.groups[0].tokens_per_block,
+        blocks_per_chunk=config.cache.blocks_per_chunk,
+        layers=layers,
+        tp_size=parallel.tp_size,
+        pp_size=parallel.pp_size,
+        rank=0,
+        bytes_per_chunk=chunk_bytes,
+        layout=layout,
+    )

@@ -32,8 +32,7 @@ from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 from vllm.v1.kv_offload.tiering.base import TIER_LABEL, JobResult, TransferJob
 
 from kvoffload.disk import DiskClient, DiskTierConfig
-from kvoffload.vllm.chunk_tier import ChunkTier
-from kvoffload.vllm.redis_tier import identity_of
+from kvoffload.vllm.chunk_tier import ChunkTier, identity_of
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -104,8 +103,8 @@ class DiskTier(ChunkTier):
 
     # --- jobs ------------------------------------------------------------------------------
 
-    def _refused(self, job: TransferJob, exc: Exception) -> None:
-        logger.error("DiskTier job %d refused: %s", job.job_id, exc)
+    def _describe(self) -> str:
+        return f"DiskTier {self.config.path}"
 
     def _missed(self, keys: list[OffloadKey]) -> None:
         for key in keys:

@@ -9,7 +9,6 @@ threads, without the GIL. Every call here runs on the scheduler thread and only 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -31,12 +30,9 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 from vllm.v1.kv_offload.tiering.base import (
     TIER_LABEL,
-    TransferJob,
 )
 
 from kvoffload.remote import (
-    CORRUPT,
-    FAILED,
     NODE_COUNTERS,
     NODE_GAUGES,
     NodeReport,
@@ -44,9 +40,8 @@ from kvoffload.remote import (
     RemoteLookups,
     RemoteTierConfig,
     SeedCanary,
-    TierIdentity,
 )
-from kvoffload.vllm.chunk_tier import ChunkTier
+from kvoffload.vllm.chunk_tier import ChunkTier, identity_of
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -64,8 +59,6 @@ _COUNTERS = {
 _METRIC = "kvoffload:redis_tier_"
 # Per node (a cluster's primaries, or the one server), labelled `node="host:port"`.
 _NODE_METRIC = "kvoffload:redis_tier_node_"
-# At most one warning per this many seconds about failed jobs: a down server fails every job.
-_WARN_EVERY_S = 10.0
 # The encoding of the data path's own `breaker_state` stat.
 _BREAKER_STATES = {"up": 0, "down": 1, "half-open": 2}
 # Gauges of the data path's stats, not counters: never summed over the two clients.
@@ -106,8 +99,6 @@ class RedisTier(ChunkTier):
         self._touch_jobs: set[int] = set()
         self._reported = {name: 0 for name in _COUNTERS}
         self._canary = SeedCanary(self._client, logger)
-        self._warned_at = -_WARN_EVERY_S
-        self._failed_since_warning = 0
         if self._client.startup_error is not None:
             logger.warning(
                 "RedisTier %s is unreachable (%s): the engine serves without the shared tier "
@@ -132,36 +123,21 @@ class RedisTier(ChunkTier):
 
     # --- jobs ------------------------------------------------------------------------------
 
-    def _refused(self, job: TransferJob, exc: Exception) -> None:
-        logger.error("RedisTier job %d refused: %s", job.job_id, exc)
-
     def _drain_timeout(self) -> float:
         # Every job ends by its deadline (fixed part + bytes / min bandwidth), so this is bounded.
         total = sum(len(job.keys) for job, _ in self._jobs.values()) * self.block_size_bytes
         return self.config.job_timeout_s + total / (self.config.min_bandwidth_mb_s * 1e6) + 1.0
 
+    def _describe(self) -> str:
+        return f"RedisTier {self.config.masked_url}"
+
     def _collect(self, completions: list[tuple[int, bytes]]) -> None:
-        self._warn_failures(completions, time.monotonic())
         # TOUCH jobs (lookups of the keys a hit found) end here: vLLM knows nothing of them.
         self._touch_jobs.difference_update(job for job, _ in completions)
         super()._collect(completions)
 
     def _missed(self, keys: list[OffloadKey]) -> None:
         self._lookups.mark_miss(keys)
-
-    def _warn_failures(self, completions: list[tuple[int, bytes]], now: float) -> None:
-        self._failed_since_warning += sum(
-            any(s in (CORRUPT, FAILED) for s in statuses) for _, statuses in completions
-        )
-        if self._failed_since_warning and now - self._warned_at >= _WARN_EVERY_S:
-            logger.warning(
-                "RedisTier %s: %d job(s) failed or found corrupt values (recomputed, never "
-                "served); latest reason: %s",
-                self.config.masked_url,
-                self._failed_since_warning,
-                self._client.last_error,
-            )
-            self._warned_at, self._failed_since_warning = now, 0
 
     def has_pending_work(self) -> bool:
         return bool(self._jobs) or self._lookups.in_flight() > 0
@@ -244,27 +220,3 @@ class RedisTier(ChunkTier):
         self.drain_jobs()
         self._client.close()
         self._lookup_client.close()
-
-
-def identity_of(spec: OffloadingSpec, namespace: str, chunk_bytes: int) -> TierIdentity:
-    """What vLLM's tiering region bytes depend on beyond the block hash (its CPU region lays a
-    chunk out as every worker's page for every group and layer, so rank is not part of it)."""
-    config = spec.config
-    parallel = config.parallel
-    layers = tuple(name for group in config.groups for name in group.layer_names)
-    layout = f"vllm-tiering/{config.kv_cache_layout or 'default'}"
-    if config.canonical_layout:
-        layout += "/canonical"
-    return TierIdentity(
-        namespace=namespace,
-        model=config.model.name,
-        kv_dtype=str(config.model.dtype),
-        tokens_per_block=config.groups[0].tokens_per_block,
-        blocks_per_chunk=config.cache.blocks_per_chunk,
-        layers=layers,
-        tp_size=parallel.tp_size,
-        pp_size=parallel.pp_size,
-        rank=0,
-        bytes_per_chunk=chunk_bytes,
-        layout=layout,
-    )

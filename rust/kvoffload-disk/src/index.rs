@@ -11,6 +11,11 @@ pub(crate) struct Index {
     next: u64,
     /// Places below zero: chunks found by the start-up scan, older than anything used since.
     scanned: u64,
+    /// Chunks being stored or loaded now: never evicted under their I/O.
+    busy: HashMap<Vec<u8>, u32>,
+    /// Chunks seen or dropped since open: the start-up scan, which listed the directory
+    /// before, must not bring them back (a dropped one's file is gone).
+    known: std::collections::HashSet<Vec<u8>>,
 }
 
 impl Index {
@@ -22,8 +27,21 @@ impl Index {
         self.at.contains_key(key)
     }
 
+    pub fn busy(&mut self, key: &[u8], on: bool) {
+        let n = self.busy.entry(key.to_vec()).or_insert(0);
+        if on {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.busy.remove(key);
+            }
+        }
+    }
+
     /// `key` was stored or read: the most recently used.
     pub fn touch(&mut self, key: &[u8]) {
+        self.known.insert(key.to_vec());
         if let Some(old) = self.at.remove(key) {
             self.order.remove(&old);
         }
@@ -36,7 +54,7 @@ impl Index {
     /// `key` found by the scan, in the order of its file's age: below every chunk used since
     /// open, and unless it is known already.
     pub fn add_scanned(&mut self, key: Vec<u8>) {
-        if self.at.contains_key(&key) {
+        if self.known.contains(&key) {
             return;
         }
         self.scanned += 1;
@@ -45,6 +63,7 @@ impl Index {
     }
 
     pub fn remove(&mut self, key: &[u8]) -> bool {
+        self.known.insert(key.to_vec());
         match self.at.remove(key) {
             Some(place) => {
                 self.order.remove(&place);
@@ -54,10 +73,15 @@ impl Index {
         }
     }
 
-    /// The least recently used chunk, taken out of the index.
-    pub fn pop_oldest(&mut self) -> Option<Vec<u8>> {
-        let (_, key) = self.order.pop_first()?;
+    /// The least recently used chunk not in flight, taken out of the index.
+    pub fn pop_oldest_idle(&mut self) -> Option<Vec<u8>> {
+        let (&place, _) = self
+            .order
+            .iter()
+            .find(|(_, key)| !self.busy.contains_key(*key))?;
+        let key = self.order.remove(&place).expect("found above");
         self.at.remove(&key);
+        self.known.insert(key.clone());
         Some(key)
     }
 }
@@ -76,16 +100,15 @@ mod tests {
         ix.add_scanned(b"a".to_vec()); // known already: keeps its place
         ix.touch(b"a");
         assert_eq!(ix.len(), 4);
-        let order: Vec<Vec<u8>> = std::iter::from_fn(|| ix.pop_oldest()).collect();
-        assert_eq!(
-            order,
-            vec![
-                b"old1".to_vec(),
-                b"old2".to_vec(),
-                b"b".to_vec(),
-                b"a".to_vec()
-            ]
-        );
-        assert!(!ix.remove(b"a"));
+        ix.busy(b"old1", true);
+        let order: Vec<Vec<u8>> = std::iter::from_fn(|| ix.pop_oldest_idle()).collect();
+        // "old1" is in flight: skipped, and left.
+        assert_eq!(order, vec![b"old2".to_vec(), b"b".to_vec(), b"a".to_vec()]);
+        assert!(ix.contains(b"old1") && ix.len() == 1);
+        ix.busy(b"old1", false);
+        assert_eq!(ix.pop_oldest_idle(), Some(b"old1".to_vec()));
+        // Dropped since open: a late scan does not bring it back.
+        ix.add_scanned(b"b".to_vec());
+        assert!(!ix.contains(b"b"));
     }
 }

@@ -30,7 +30,9 @@ enum Item {
 }
 
 struct Queue {
-    items: VecDeque<(u64, usize, Item)>,
+    /// Loads go first: a request waits on them, while stores only fill the tier.
+    loads: VecDeque<(u64, usize, Item)>,
+    stores: VecDeque<(u64, usize, Item)>,
     /// Per job: its statuses so far, and how many items are left.
     open: HashMap<u64, (Vec<u8>, usize)>,
     done: Vec<Completion>,
@@ -47,9 +49,14 @@ struct Shared {
     done_cv: Condvar,
     scanned: AtomicBool,
     evicted: AtomicU64,
+    last_error: Mutex<Option<String>>,
 }
 
 impl Shared {
+    fn note(&self, why: String) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.q.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -77,6 +84,7 @@ impl DiskJobs {
                 "io_threads={threads} is out of range; allowed: 1 to 256"
             )));
         }
+        cfg.check()?;
         let per_file = files::file_len(cfg.chunk_bytes);
         if capacity_bytes < per_file {
             return Err(DiskError::Config(format!(
@@ -88,7 +96,8 @@ impl DiskJobs {
             tier,
             capacity_files: (capacity_bytes / per_file) as usize,
             q: Mutex::new(Queue {
-                items: VecDeque::new(),
+                loads: VecDeque::new(),
+                stores: VecDeque::new(),
                 open: HashMap::new(),
                 done: Vec::new(),
                 next_id: 1,
@@ -99,18 +108,30 @@ impl DiskJobs {
             done_cv: Condvar::new(),
             scanned: AtomicBool::new(false),
             evicted: AtomicU64::new(0),
+            last_error: Mutex::new(None),
         });
-        let mut handles = Vec::with_capacity(threads + 1);
+        let jobs = DiskJobs {
+            sh: sh.clone(),
+            threads: Mutex::new(Vec::with_capacity(threads + 1)),
+        };
+        let spawn = |f: Box<dyn FnOnce() + Send>| {
+            let handle = std::thread::Builder::new()
+                .name("kvoffload-disk".into())
+                .spawn(f)
+                .map_err(|e| DiskError::io("starting the tier's I/O threads", e))?;
+            jobs.threads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(handle);
+            Ok::<(), DiskError>(())
+        };
+        // A thread the system refuses stops open; those started are stopped by the drop.
         for _ in 0..threads {
             let sh = sh.clone();
-            handles.push(std::thread::spawn(move || worker(&sh)));
+            spawn(Box::new(move || worker(&sh)))?;
         }
-        let scan = sh.clone();
-        handles.push(std::thread::spawn(move || rebuild(&scan)));
-        Ok(DiskJobs {
-            sh,
-            threads: Mutex::new(handles),
-        })
+        spawn(Box::new(move || rebuild(&sh)))?;
+        Ok(jobs)
     }
 
     pub fn tier(&self) -> &DiskTier {
@@ -121,6 +142,15 @@ impl DiskJobs {
     /// fit the capacity).
     pub fn scanned(&self) -> bool {
         self.sh.scanned.load(Ordering::Acquire)
+    }
+
+    /// Why the last item failed (with the file's path), or None.
+    pub fn last_error(&self) -> Option<String> {
+        self.sh
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Chunks the index holds, and chunks evicted to hold the capacity.
@@ -186,7 +216,10 @@ impl DiskJobs {
         }
         q.open.insert(id, (vec![PENDING; items.len()], items.len()));
         for (i, item) in items.into_iter().enumerate() {
-            q.items.push_back((id, i, item));
+            match item {
+                Item::Load(..) => q.loads.push_back((id, i, item)),
+                Item::Store(..) => q.stores.push_back((id, i, item)),
+            }
         }
         drop(q);
         self.sh.work_cv.notify_all();
@@ -227,8 +260,10 @@ impl DiskJobs {
     pub fn close(&self) {
         self.sh.lock().closing = true;
         self.sh.work_cv.notify_all();
-        let handles = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
-        for h in handles {
+        // Joined under the lock: a second caller returns only once every thread has stopped
+        // (the binding frees the lent buffers when close returns).
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        for h in threads.drain(..) {
             let _ = h.join();
         }
     }
@@ -245,7 +280,7 @@ fn worker(sh: &Shared) {
         let (job, i, item) = {
             let mut q = sh.lock();
             loop {
-                if let Some(next) = q.items.pop_front() {
+                if let Some(next) = q.loads.pop_front().or_else(|| q.stores.pop_front()) {
                     break next;
                 }
                 if q.closing {
@@ -254,7 +289,9 @@ fn worker(sh: &Shared) {
                 q = sh.work_cv.wait(q).unwrap_or_else(|p| p.into_inner());
             }
         };
-        let status = run(sh, item);
+        // A panic in one item's I/O fails that item, never its job's completion.
+        let status = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(sh, item)))
+            .unwrap_or(FAILED);
         let mut q = sh.lock();
         let (statuses, left) = q.open.get_mut(&job).expect("an open job");
         statuses[i] = status;
@@ -272,36 +309,48 @@ fn worker(sh: &Shared) {
 }
 
 fn run(sh: &Shared, item: Item) -> u8 {
-    match item {
-        Item::Store(key, buf) => {
-            let status = match sh.tier.store(&key, buf.slice()) {
-                Stored::Written => OK,
-                Stored::Exists => EXISTS,
-                Stored::Failed(_) => FAILED,
-            };
-            if status != FAILED {
-                sh.index().touch(&key);
-                evict(sh);
+    let key = match &item {
+        Item::Store(k, _) | Item::Load(k, _) => k.clone(),
+    };
+    // A chunk in flight is not evicted: its file would go while the index says it is there.
+    sh.index().busy(&key, true);
+    let status = match item {
+        Item::Store(key, buf) => match sh.tier.store(&key, buf.slice()) {
+            Stored::Written => OK,
+            Stored::Exists => EXISTS,
+            Stored::Failed(e) => {
+                sh.note(e.to_string());
+                FAILED
             }
-            status
-        }
-        Item::Load(key, mut buf) => {
-            let status = match sh.tier.load(&key, buf.slice_mut()) {
-                Loaded::Ok => OK,
-                Loaded::Missing => MISSING,
-                Loaded::Corrupt(_) => CORRUPT,
-                Loaded::Failed(_) => FAILED,
-            };
-            match status {
-                OK => sh.index().touch(&key),
-                MISSING | CORRUPT => {
-                    sh.index().remove(&key);
-                }
-                _ => {}
+        },
+        Item::Load(key, mut buf) => match sh.tier.load(&key, buf.slice_mut()) {
+            Loaded::Ok => OK,
+            Loaded::Missing => MISSING,
+            Loaded::Corrupt(why) => {
+                sh.note(format!("a damaged chunk file (removed): {why}"));
+                CORRUPT
             }
-            status
+            Loaded::Failed(e) => {
+                sh.note(e.to_string());
+                FAILED
+            }
+        },
+    };
+    {
+        let mut ix = sh.index();
+        ix.busy(&key, false);
+        match status {
+            OK | EXISTS => ix.touch(&key),
+            MISSING | CORRUPT => {
+                ix.remove(&key);
+            }
+            _ => {}
         }
     }
+    if status == OK || status == EXISTS {
+        evict(sh);
+    }
+    status
 }
 
 /// Removes the least recently used chunks until the index fits the capacity (their files too).
@@ -312,7 +361,7 @@ fn evict(sh: &Shared) {
             if ix.len() <= sh.capacity_files {
                 return;
             }
-            ix.pop_oldest()
+            ix.pop_oldest_idle()
         };
         let Some(key) = victim else { return };
         if sh.tier.remove(&key).is_ok() {
@@ -325,9 +374,15 @@ fn evict(sh: &Shared) {
 fn rebuild(sh: &Shared) {
     if let Ok(mut found) = sh.tier.scan() {
         found.sort_by_key(|(_, modified)| *modified);
-        let mut ix = sh.index();
-        for (key, _) in found {
-            ix.add_scanned(key);
+        // In batches, so lookups and I/O threads never wait long for the index.
+        for batch in found.chunks(4096) {
+            if sh.lock().closing {
+                break;
+            }
+            let mut ix = sh.index();
+            for (key, _) in batch {
+                ix.add_scanned(key.clone());
+            }
         }
     }
     evict(sh);

@@ -38,6 +38,9 @@ pub struct DiskTier {
     ns: [u8; 16],
     layout: Layout,
     direct: bool,
+    /// Temporary names are `.tmp-<nonce>-<seq>`: a nonce random per open, since engines in other
+    /// containers or on other hosts sharing the directory may have this process's pid.
+    nonce: u64,
     tmp_seq: AtomicU64,
     stats: Counters,
 }
@@ -61,8 +64,8 @@ impl DiskTier {
         })?;
         let direct = match cfg.direct {
             DirectIo::Off => false,
-            DirectIo::Auto => probe_direct(&dir),
-            DirectIo::On if probe_direct(&dir) => true,
+            DirectIo::Auto => probe_direct(&dir)?,
+            DirectIo::On if probe_direct(&dir)? => true,
             DirectIo::On => {
                 return Err(DiskError::Config(format!(
                     "direct_io=on: the filesystem of path={} does not take O_DIRECT; use \
@@ -76,6 +79,7 @@ impl DiskTier {
             ns,
             layout: Layout::whole(cfg.chunk_bytes),
             direct,
+            nonce: random_u64(),
             tmp_seq: AtomicU64::new(0),
             stats: Counters::default(),
         })
@@ -152,30 +156,38 @@ impl DiskTier {
         }
         let parent = path.parent().expect("a chunk's file has a directory");
         let tmp = parent.join(format!(
-            "{TMP_PREFIX}{}-{}",
-            std::process::id(),
+            "{TMP_PREFIX}{:016x}-{}",
+            self.nonce,
             self.tmp_seq.fetch_add(1, Ordering::Relaxed)
         ));
         let file = match files::create(&tmp, self.direct) {
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 // First file of its subdirectory, or the directory was removed under us.
                 if let Err(e) = fs::create_dir_all(parent) {
-                    return Stored::Failed(DiskError::io("creating a subdirectory", e));
+                    let what = format!("creating {}", parent.display());
+                    return Stored::Failed(DiskError::io(what, e));
                 }
                 files::create(&tmp, self.direct)
             }
             other => other,
         };
-        let written = file.and_then(|f| self.write_chunk(&f, key, payload));
-        if let Err(e) = written {
+        // Only a file this call created is removed on failure (never another writer's).
+        let file = match file {
+            Ok(f) => f,
+            Err(e) => {
+                return Stored::Failed(DiskError::io(format!("creating {}", tmp.display()), e))
+            }
+        };
+        if let Err(e) = self.write_chunk(&file, key, payload) {
             let _ = fs::remove_file(&tmp);
-            return Stored::Failed(DiskError::io("writing a chunk", e));
+            return Stored::Failed(DiskError::io(format!("writing {}", tmp.display()), e));
         }
         // rename replaces a file another writer renamed meanwhile: both are whole and hold the
         // same chunk, and a reader sees one or the other.
         if let Err(e) = fs::rename(&tmp, &path) {
             let _ = fs::remove_file(&tmp);
-            return Stored::Failed(DiskError::io("renaming a chunk into place", e));
+            let what = format!("renaming a chunk to {}", path.display());
+            return Stored::Failed(DiskError::io(what, e));
         }
         Stored::Written
     }
@@ -213,12 +225,7 @@ impl DiskTier {
                 Counters::add(&c.bytes_read, dest.len() as u64);
             }
             Loaded::Missing => Counters::add(&c.load_missing, 1),
-            Loaded::Corrupt(_) => {
-                Counters::add(&c.corrupt, 1);
-                if let Ok(p) = self.path_of(key) {
-                    let _ = fs::remove_file(p);
-                }
-            }
+            Loaded::Corrupt(_) => Counters::add(&c.corrupt, 1),
             Loaded::Failed(_) => Counters::add(&c.load_failures, 1),
         }
         out
@@ -239,20 +246,26 @@ impl DiskTier {
         let f = match files::open(&path, self.direct) {
             Ok(f) => f,
             Err(e) if e.kind() == ErrorKind::NotFound => return Loaded::Missing,
-            Err(e) => return Loaded::Failed(DiskError::io("opening a chunk", e)),
-        };
-        match self.read_chunk(&f, key, dest) {
-            Ok(Loaded::Ok) => {
-                // The file's time is the recency every engine sharing the directory (and the
-                // next one to open it) orders eviction by: a hit here keeps it for them too.
-                let _ = f.set_modified(std::time::SystemTime::now());
-                Loaded::Ok
+            Err(e) => {
+                return Loaded::Failed(DiskError::io(format!("opening {}", path.display()), e))
             }
+        };
+        let got = match self.read_chunk(&f, key, dest) {
             Ok(got) => got,
             // A file shorter than its header says: cut short (a crash, a full disk elsewhere).
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => Loaded::Corrupt("file is truncated"),
-            Err(e) => Loaded::Failed(DiskError::io("reading a chunk", e)),
+            Err(e) => Loaded::Failed(DiskError::io(format!("reading {}", path.display()), e)),
+        };
+        match got {
+            Loaded::Ok => {
+                // The file's time is the recency every engine sharing the directory (and the
+                // next one to open it) orders eviction by: a hit here keeps it for them too.
+                let _ = f.set_modified(std::time::SystemTime::now());
+            }
+            Loaded::Corrupt(_) => remove_if_same(&f, &path),
+            _ => {}
         }
+        got
     }
 
     fn read_chunk(&self, f: &File, key: &[u8], dest: &mut [u8]) -> io::Result<Loaded> {
@@ -296,8 +309,8 @@ impl DiskTier {
     }
 
     /// Every chunk with a file in this namespace's directory (key, last modified), for the
-    /// index an engine rebuilds at start-up; files being written, and names that are not a
-    /// chunk's, are left alone.
+    /// index an engine rebuilds at start-up; names that are not a chunk's are left alone, and
+    /// temporary files an hour old (writes a crash cut short) are removed.
     pub fn scan(&self) -> Result<Vec<(Vec<u8>, std::time::SystemTime)>> {
         let mut out = Vec::new();
         let subdirs = fs::read_dir(&self.dir).map_err(|e| DiskError::io("listing the tier", e))?;
@@ -307,6 +320,10 @@ impl DiskTier {
             };
             for entry in entries.flatten() {
                 let name = entry.file_name();
+                if name.to_string_lossy().starts_with(TMP_PREFIX) {
+                    remove_if_stale(&entry.path());
+                    continue;
+                }
                 let Some(key) = name.to_str().and_then(files::unhex) else {
                     continue;
                 };
@@ -322,19 +339,67 @@ impl DiskTier {
     }
 }
 
-/// Whether `dir`'s filesystem takes `O_DIRECT`: a block written and read back through it.
-fn probe_direct(dir: &Path) -> bool {
-    let path = dir.join(format!("{TMP_PREFIX}probe-{}", std::process::id()));
-    let ok = (|| -> io::Result<bool> {
-        let f = files::create(&path, true)?;
+/// Whether `dir`'s filesystem takes `O_DIRECT`: a block written and read back through it. Only
+/// `EINVAL` (the filesystem refuses the flag or the alignment) means no; another error is the
+/// directory's, and stops open.
+fn probe_direct(dir: &Path) -> Result<bool> {
+    let path = dir.join(format!("{TMP_PREFIX}probe-{:016x}", random_u64()));
+    let created = match files::create(&path, true) {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(false),
+        Err(e) => return Err(DiskError::io(format!("creating {}", path.display()), e)),
+    };
+    let tried = (|| -> io::Result<()> {
         let block = AlignedBuf::new(ALIGN);
-        f.write_all_at(block.as_slice(), 0)?;
+        created.write_all_at(block.as_slice(), 0)?;
         let r = files::open(&path, true)?;
         let mut back = AlignedBuf::new(ALIGN);
-        r.read_exact_at(back.as_mut_slice(), 0)?;
-        Ok(true)
-    })()
-    .unwrap_or(false);
+        r.read_exact_at(back.as_mut_slice(), 0)
+    })();
     let _ = fs::remove_file(&path);
-    ok
+    match tried {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+        Err(e) => Err(DiskError::io(
+            format!("probing O_DIRECT in {}", dir.display()),
+            e,
+        )),
+    }
+}
+
+/// A temporary file an hour old is a write that never ended (a crash): removed. Younger ones
+/// may be another engine's write in progress.
+fn remove_if_stale(path: &Path) {
+    let old = fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age > std::time::Duration::from_secs(3600));
+    if old {
+        let _ = fs::remove_file(path);
+    }
+}
+
+/// Removes the file at `path` only if it is still the one `f` read: another writer may have
+/// renamed a good file into place since.
+fn remove_if_same(f: &File, path: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(open), Ok(now)) = (f.metadata(), fs::symlink_metadata(path)) else {
+        return;
+    };
+    if (open.dev(), open.ino()) == (now.dev(), now.ino()) {
+        let _ = fs::remove_file(path);
+    }
+}
+
+/// A random 64-bit number (the standard library's per-process hash keys).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    );
+    h.finish()
 }

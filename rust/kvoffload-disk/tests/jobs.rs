@@ -169,3 +169,30 @@ fn bad_jobs_and_settings_are_refused_naming_them() {
     assert!(e.to_string().contains("overlap"), "{e}");
     assert_eq!(jobs.in_flight(), 0);
 }
+
+#[test]
+fn a_second_close_returns_only_once_every_thread_has_stopped() {
+    // The binding frees the lent buffers when close returns: two closers at once must both
+    // wait for the I/O in flight.
+    let d = TempDir::new("close");
+    let jobs = open(&d, 1000, 2);
+    let bufs: Vec<Vec<u8>> = (0..64).map(data).collect();
+    // SAFETY: `bufs` outlives both closes, which end every job.
+    let items = bufs
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (key(i as u32), unsafe { RawBuf::new(b.as_ptr(), b.len()) }))
+        .collect();
+    jobs.submit_store(items).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                jobs.close();
+                assert_eq!(jobs.in_flight(), 0, "close returned with I/O in flight");
+            });
+        }
+    });
+    // A job after close completes at once, failed.
+    let id = jobs.submit_store(Vec::new()).unwrap();
+    assert_eq!(wait(&jobs, id), Vec::<u8>::new());
+}

@@ -103,6 +103,12 @@ impl DiskTier {
         self.jobs.scanned()
     }
 
+    /// Why the last item failed (with the file's path), or None.
+    #[getter]
+    fn last_error(&self) -> Option<String> {
+        self.jobs.last_error()
+    }
+
     /// How many of `keys`, from the first, the tier holds (its index: no I/O).
     fn lookup_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
         KeyArg::extract(keys)?.run(py, |k| Ok(self.jobs.lookup_prefix(k)))

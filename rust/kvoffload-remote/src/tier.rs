@@ -490,8 +490,10 @@ impl Tier {
         drop(queued);
         self.sh.work_cv.notify_all();
         self.sh.done_cv.notify_all();
-        let handles = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
-        for h in handles {
+        // Joined under the lock: a second caller returns only once every worker has stopped
+        // (the binding frees the lent buffers when close returns).
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        for h in workers.drain(..) {
             let _ = h.join();
         }
     }
