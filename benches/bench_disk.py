@@ -1,0 +1,138 @@
+"""The disk tier's data path against `fio` on the same filesystem, in the same run.
+
+Store and load GB/s of `DiskClient` (Rust: one file per chunk, written under a temporary name and
+renamed, `O_DIRECT` where the filesystem takes it, a job's chunks spread over `io_threads`) against
+`fio` doing the same I/O: `O_DIRECT`, 2 MiB blocks, one 2 MiB file per chunk, as many jobs as our
+I/O threads, no fsync (neither side syncs). Ours also writes each chunk's 4 KiB header block and
+renames each file; fio does neither. A chunk is 2 MiB, 64 per job.
+
+`make bench` prints the table; `make test` runs it once on a few chunks, untimed (without `fio`,
+ours alone), and checks the bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kvoffload.disk import DiskClient, DiskTierConfig
+from kvoffload.remote import OK
+
+MiB = 1 << 20
+CHUNK = 2 * MiB
+THREADS = 8
+
+
+def aligned(n: int) -> np.ndarray:
+    """`n` chunks of page-aligned memory, as vLLM's CPU region is."""
+    raw = np.empty(n * CHUNK + 4096, dtype=np.uint8)
+    start = -raw.ctypes.data % 4096
+    pool = raw[start : start + n * CHUNK]
+    pool[:] = np.random.default_rng(1).integers(0, 256, pool.size, dtype=np.uint8)
+    return pool
+
+
+def finish(c: DiskClient, job: int) -> bytes:
+    return dict(c.drain(120.0))[job]
+
+
+def ours(path: Path, pool: np.ndarray, rounds: int) -> tuple[float, float, bool]:
+    n = pool.size // CHUNK
+    entry = {
+        "path": str(path),
+        "capacity_bytes": 1 << 40,
+        "namespace": "bench",
+        "io_threads": THREADS,
+    }
+    c = DiskClient(DiskTierConfig.from_dict(entry), hashlib.md5(b"bench").digest(), CHUNK)
+    offsets = [i * CHUNK for i in range(n)]
+    dst = aligned(n)
+    store_s = load_s = 0.0
+    for r in range(rounds):
+        ks = [f"r{r}-{i:06d}".encode().ljust(36, b".") for i in range(n)]
+        t = time.perf_counter()
+        assert finish(c, c.store(ks, pool, offsets)) == bytes([OK]) * n
+        store_s += time.perf_counter() - t
+        t = time.perf_counter()
+        assert finish(c, c.load(ks, dst, offsets)) == bytes([OK]) * n
+        load_s += time.perf_counter() - t
+        assert np.array_equal(dst, pool)
+    total = n * CHUNK * rounds
+    direct = c.direct
+    c.close()
+    return total / store_s / 1e9, total / load_s / 1e9, direct
+
+
+def fio(path: Path, n: int, rounds: int) -> tuple[float, float] | None:
+    """fio's write and read GB/s of `n` 2 MiB files per round over THREADS jobs, O_DIRECT."""
+    exe = shutil.which("fio")
+    if exe is None:
+        return None
+    per_job = max(1, n // THREADS)
+    results = []
+    for rw in ("write", "read"):
+        out = subprocess.run(
+            [
+                exe,
+                "--name=chunks",
+                f"--directory={path}",
+                f"--rw={rw}",
+                "--bs=2M",
+                "--direct=1",
+                "--ioengine=psync",
+                f"--numjobs={THREADS}",
+                f"--nrfiles={per_job}",
+                "--filesize=2M",
+                f"--size={per_job * 2}M",
+                f"--loops={rounds}",
+                "--file_service_type=sequential",
+                "--group_reporting",
+                "--output-format=json",
+                # Writes go to new files every loop, as each of our rounds writes new chunks.
+                *(["--unlink_each_loop=1"] if rw == "write" else []),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        job = json.loads(out.stdout)["jobs"][0]
+        results.append(job["write" if rw == "write" else "read"]["bw_bytes"] / 1e9)
+    return results[0], results[1]
+
+
+def test_disk_data_path(benchmark):
+    full = not benchmark.disabled
+    n, rounds = (64, 5) if full else (4, 1)
+    pool = aligned(n)
+    # The system's temporary directory: a real filesystem here (ext4), not tmpfs.
+    with tempfile.TemporaryDirectory(prefix="kvo-bench-disk-") as d:
+        root = Path(d)
+
+        def run() -> dict:
+            res: dict = {"ours": ours(root / "ours", pool, rounds)}
+            (root / "fio").mkdir()
+            res["fio"] = fio(root / "fio", n, rounds) if full else None
+            return res
+
+        res = benchmark.pedantic(run, rounds=1)
+    if not full:
+        return
+    os_, ol, direct = res["ours"]
+    print(f"\n2 MiB chunks, {n} per job, {rounds} rounds, {THREADS} I/O threads, direct={direct}")
+    print("| | store GB/s | load GB/s |")
+    print("|---|---|---|")
+    print(f"| kvoffload DiskClient | {os_:.2f} | {ol:.2f} |")
+    if res["fio"] is None:
+        print("fio is not installed: no baseline")
+        return
+    fs, fl = res["fio"]
+    print(f"| fio (O_DIRECT, psync, {THREADS} jobs, 2 MiB files) | {fs:.2f} | {fl:.2f} |")
+    print(f"ours / fio: store {os_ / fs:.2f}x, load {ol / fl:.2f}x")
