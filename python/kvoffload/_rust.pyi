@@ -237,6 +237,7 @@ class DiskTier:
         *,
         direct_io: str = "auto",
         io_threads: int = 8,
+        rescan_interval_s: float = 10.0,
     ) -> DiskTier: ...
     @property
     def chunk_bytes(self) -> int: ...

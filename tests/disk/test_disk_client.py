@@ -105,6 +105,7 @@ def test_capacity_bytes_is_held(tmp_path):
         ({"namespace": " "}, "namespace=' '"),
         ({"direct_io": "yes"}, "direct_io='yes'"),
         ({"io_threads": 0}, "io_threads=0"),
+        ({"rescan_interval_s": -1}, "rescan_interval_s=-1"),
         ({"capcity_bytes": 1}, "unknown DiskTier key"),
     ],
 )

@@ -81,6 +81,22 @@ def test_engine_two_loads_what_engine_one_stored_in_one_directory(model_dir, tmp
     assert disk.stats()["loaded_chunks"] == 5
 
 
+def test_running_engines_sharing_a_directory_find_each_others_chunks(model_dir, tmp_path):
+    # Both engines run from the start: engine 2 finds engine 1's chunks at its next rescan
+    # (0.1 s here instead of the default 10 s, so the test does not wait).
+    one = engine(model_dir, tmp_path, rescan_interval_s=0.1)
+    two = engine(model_dir, tmp_path, rescan_interval_s=0.1)
+    serve(one, "a", PROMPT)
+    settle(one)
+    (disk,) = tiers(two)
+    deadline = time.monotonic() + 10
+    while disk.stats()["chunks"] < 5:
+        assert time.monotonic() < deadline, "engine 2 never found engine 1's chunks"
+        time.sleep(0.02)
+    assert serve(two, "b", PROMPT) == 60
+    assert two.checked_positions["b"] >= 60
+
+
 def test_a_restarted_engine_serves_what_the_last_one_stored(model_dir, tmp_path):
     prompts = [prompt(300 + i, 24 + 12 * (i % 4)) for i in range(8)]
     one = engine(model_dir, tmp_path)

@@ -32,6 +32,7 @@ class DiskClient:
                 config.capacity_bytes,
                 direct_io=config.direct_io,
                 io_threads=config.io_threads,
+                rescan_interval_s=config.rescan_interval_s,
             )
         except (ValueError, OSError) as exc:
             raise ConfigError(f"DiskTier path={config.path!r}: {exc}") from exc

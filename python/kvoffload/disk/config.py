@@ -22,6 +22,7 @@ class DiskTierConfig:
     namespace: str
     direct_io: str = "auto"
     io_threads: int = 8
+    rescan_interval_s: float = 10.0
     enable_kv_events: bool = False
 
     @classmethod
@@ -65,7 +66,13 @@ class DiskTierConfig:
             raise ConfigError(
                 f"DiskTier io_threads={threads!r} is invalid: expected an int in [1, 256]"
             )
+        rescan = entry.get("rescan_interval_s", 10.0)
+        if type(rescan) not in (int, float) or not 0 <= rescan <= 86400:
+            raise ConfigError(
+                f"DiskTier rescan_interval_s={rescan!r} is invalid: expected seconds in "
+                "[0, 86400] (0: only at start-up)"
+            )
         events = entry.get("enable_kv_events", False)
         if type(events) is not bool:
             raise ConfigError(f"DiskTier enable_kv_events={events!r} is invalid: true or false")
-        return cls(path, capacity, namespace, direct, threads, events)
+        return cls(path, capacity, namespace, direct, threads, float(rescan), events)

@@ -21,6 +21,9 @@ pub struct DiskConfig {
     /// Bytes of one chunk (the payload of one file).
     pub chunk_bytes: usize,
     pub direct: DirectIo,
+    /// How often the index takes in the files other engines sharing the directory wrote (None:
+    /// only at open).
+    pub rescan: Option<std::time::Duration>,
 }
 
 /// At most 1 GiB per chunk: larger is a mistake in the caller's arithmetic.
@@ -32,6 +35,7 @@ impl DiskConfig {
             path: path.into(),
             chunk_bytes,
             direct: DirectIo::Auto,
+            rescan: Some(std::time::Duration::from_secs(10)),
         }
     }
 

@@ -13,9 +13,11 @@ pub(crate) struct Index {
     scanned: u64,
     /// Chunks being stored or loaded now: never evicted under their I/O.
     busy: HashMap<Vec<u8>, u32>,
-    /// Chunks seen or dropped since open: the start-up scan, which listed the directory
-    /// before, must not bring them back (a dropped one's file is gone).
-    known: std::collections::HashSet<Vec<u8>>,
+    /// Bumped by every drop (eviction, removal): a scan that began before a chunk was dropped
+    /// listed a file that is gone, and must not bring it back.
+    epoch: u64,
+    /// The chunks dropped since the last scan began, with the epoch of the drop.
+    dropped: HashMap<Vec<u8>, u64>,
 }
 
 impl Index {
@@ -41,7 +43,6 @@ impl Index {
 
     /// `key` was stored or read: the most recently used.
     pub fn touch(&mut self, key: &[u8]) {
-        self.known.insert(key.to_vec());
         if let Some(old) = self.at.remove(key) {
             self.order.remove(&old);
         }
@@ -51,10 +52,21 @@ impl Index {
         self.order.insert(place, key.to_vec());
     }
 
-    /// `key` found by the scan, in the order of its file's age: below every chunk used since
-    /// open, and unless it is known already.
-    pub fn add_scanned(&mut self, key: Vec<u8>) {
-        if self.known.contains(&key) {
+    /// Where a scan starting now stands: pass it to `add_scanned` and `scan_done`.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// `key` found by a scan that began at `since`, unless the index holds it or it was dropped
+    /// after the scan began. The start-up scan's chunks go below every chunk used since open,
+    /// in the order of their files' ages (`recent: false`); a later scan's are new files other
+    /// engines wrote since the last one, taken as just used (`recent: true`).
+    pub fn add_scanned(&mut self, key: Vec<u8>, since: u64, recent: bool) {
+        if self.at.contains_key(&key) || self.dropped.get(&key).is_some_and(|&e| e > since) {
+            return;
+        }
+        if recent {
+            self.touch(&key);
             return;
         }
         self.scanned += 1;
@@ -62,8 +74,18 @@ impl Index {
         self.order.insert(self.scanned, key);
     }
 
+    /// The scan that began at `since` is done: drops before it no longer matter.
+    pub fn scan_done(&mut self, since: u64) {
+        self.dropped.retain(|_, e| *e > since);
+    }
+
+    fn drop_key(&mut self, key: &[u8]) {
+        self.epoch += 1;
+        self.dropped.insert(key.to_vec(), self.epoch);
+    }
+
     pub fn remove(&mut self, key: &[u8]) -> bool {
-        self.known.insert(key.to_vec());
+        self.drop_key(key);
         match self.at.remove(key) {
             Some(place) => {
                 self.order.remove(&place);
@@ -81,7 +103,7 @@ impl Index {
             .find(|(_, key)| !self.busy.contains_key(*key))?;
         let key = self.order.remove(&place).expect("found above");
         self.at.remove(&key);
-        self.known.insert(key.clone());
+        self.drop_key(&key);
         Some(key)
     }
 }
@@ -95,9 +117,10 @@ mod tests {
         let mut ix = Index::default();
         ix.touch(b"a");
         ix.touch(b"b");
-        ix.add_scanned(b"old1".to_vec());
-        ix.add_scanned(b"old2".to_vec());
-        ix.add_scanned(b"a".to_vec()); // known already: keeps its place
+        let since = ix.epoch();
+        ix.add_scanned(b"old1".to_vec(), since, false);
+        ix.add_scanned(b"old2".to_vec(), since, false);
+        ix.add_scanned(b"a".to_vec(), since, false); // held already: keeps its place
         ix.touch(b"a");
         assert_eq!(ix.len(), 4);
         ix.busy(b"old1", true);
@@ -107,8 +130,13 @@ mod tests {
         assert!(ix.contains(b"old1") && ix.len() == 1);
         ix.busy(b"old1", false);
         assert_eq!(ix.pop_oldest_idle(), Some(b"old1".to_vec()));
-        // Dropped since open: a late scan does not bring it back.
-        ix.add_scanned(b"b".to_vec());
+        // Dropped after the scan began: that scan does not bring it back; the next one, which
+        // lists the directory after the drop, does (another engine wrote it again).
+        ix.add_scanned(b"b".to_vec(), since, false);
         assert!(!ix.contains(b"b"));
+        ix.scan_done(since);
+        let next = ix.epoch();
+        ix.add_scanned(b"b".to_vec(), next, true);
+        assert!(ix.contains(b"b"));
     }
 }

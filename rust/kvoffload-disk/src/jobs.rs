@@ -2,7 +2,8 @@
 //! threads (so many files are read or written at once), with an index of the chunks it holds
 //! that answers lookups without I/O and holds `capacity_bytes` by evicting the least recently
 //! used. The caller only submits and polls; the index is rebuilt from the directory on a thread
-//! of its own at open.
+//! of its own at open, which then takes in, every `rescan`, what other engines sharing the
+//! directory wrote.
 
 use crate::config::DiskConfig;
 use crate::error::{DiskError, Result};
@@ -47,6 +48,8 @@ struct Shared {
     index: Mutex<Index>,
     work_cv: Condvar,
     done_cv: Condvar,
+    /// Notified at close: the rescan thread waits on it between scans.
+    closed_cv: Condvar,
     scanned: AtomicBool,
     evicted: AtomicU64,
     last_error: Mutex<Option<String>>,
@@ -91,6 +94,7 @@ impl DiskJobs {
                 "capacity_bytes={capacity_bytes} holds no chunk; one takes {per_file} bytes"
             )));
         }
+        let rescan = cfg.rescan;
         let tier = DiskTier::open(cfg, ns)?;
         let sh = Arc::new(Shared {
             tier,
@@ -106,6 +110,7 @@ impl DiskJobs {
             index: Mutex::new(Index::default()),
             work_cv: Condvar::new(),
             done_cv: Condvar::new(),
+            closed_cv: Condvar::new(),
             scanned: AtomicBool::new(false),
             evicted: AtomicU64::new(0),
             last_error: Mutex::new(None),
@@ -130,7 +135,7 @@ impl DiskJobs {
             let sh = sh.clone();
             spawn(Box::new(move || worker(&sh)))?;
         }
-        spawn(Box::new(move || rebuild(&sh)))?;
+        spawn(Box::new(move || rebuild(&sh, rescan)))?;
         Ok(jobs)
     }
 
@@ -260,6 +265,7 @@ impl DiskJobs {
     pub fn close(&self) {
         self.sh.lock().closing = true;
         self.sh.work_cv.notify_all();
+        self.sh.closed_cv.notify_all();
         // Joined under the lock: a second caller returns only once every thread has stopped
         // (the binding frees the lent buffers when close returns).
         let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
@@ -370,21 +376,45 @@ fn evict(sh: &Shared) {
     }
 }
 
-/// Takes what the directory holds into the index, oldest file first, then holds the capacity.
-fn rebuild(sh: &Shared) {
+/// Takes what the directory holds into the index, oldest file first, then holds the capacity;
+/// then, every `rescan` while the tier is open, takes in the files other engines sharing the
+/// directory wrote since (and holds the capacity over them too).
+fn rebuild(sh: &Shared, rescan: Option<Duration>) {
+    scan_into_index(sh, false);
+    evict(sh);
+    sh.scanned.store(true, Ordering::Release);
+    let Some(every) = rescan else { return };
+    loop {
+        {
+            let q = sh.lock();
+            let q = sh
+                .closed_cv
+                .wait_timeout_while(q, every, |q| !q.closing)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            if q.closing {
+                return;
+            }
+        }
+        scan_into_index(sh, true);
+        evict(sh);
+    }
+}
+
+fn scan_into_index(sh: &Shared, recent: bool) {
+    let since = sh.index().epoch();
     if let Ok(mut found) = sh.tier.scan() {
         found.sort_by_key(|(_, modified)| *modified);
         // In batches, so lookups and I/O threads never wait long for the index.
         for batch in found.chunks(4096) {
             if sh.lock().closing {
-                break;
+                return;
             }
             let mut ix = sh.index();
             for (key, _) in batch {
-                ix.add_scanned(key.clone());
+                ix.add_scanned(key.clone(), since, recent);
             }
         }
     }
-    evict(sh);
-    sh.scanned.store(true, Ordering::Release);
+    sh.index().scan_done(since);
 }

@@ -27,7 +27,13 @@ fn data(i: u32) -> Vec<u8> {
 }
 
 fn open(dir: &TempDir, chunks: u64, threads: usize) -> DiskJobs {
-    let jobs = DiskJobs::open(DiskConfig::new(&dir.0, CHUNK), NS, chunks * FILE, threads).unwrap();
+    open_with(dir, chunks, threads, None)
+}
+
+fn open_with(dir: &TempDir, chunks: u64, threads: usize, rescan: Option<Duration>) -> DiskJobs {
+    let mut cfg = DiskConfig::new(&dir.0, CHUNK);
+    cfg.rescan = rescan;
+    let jobs = DiskJobs::open(cfg, NS, chunks * FILE, threads).unwrap();
     let until = Instant::now() + Duration::from_secs(10);
     while !jobs.scanned() {
         assert!(Instant::now() < until, "the index was never rebuilt");
@@ -195,4 +201,32 @@ fn a_second_close_returns_only_once_every_thread_has_stopped() {
     // A job after close completes at once, failed.
     let id = jobs.submit_store(Vec::new()).unwrap();
     assert_eq!(wait(&jobs, id), Vec::<u8>::new());
+}
+
+#[test]
+fn engines_sharing_a_directory_find_each_others_chunks_and_hold_the_capacity_together() {
+    let d = TempDir::new("shared");
+    let every = Some(Duration::from_millis(50));
+    let a = open_with(&d, 4, 2, every);
+    let b = open_with(&d, 4, 2, every);
+    for i in 0..3 {
+        assert_eq!(store(&a, &[i]), vec![OK]);
+    }
+    // B opened before A wrote: it finds A's chunks at its next rescan.
+    let until = Instant::now() + Duration::from_secs(10);
+    let ks: Vec<Vec<u8>> = (0..3).map(key).collect();
+    let refs: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
+    while b.lookup_prefix(&refs) < 3 {
+        assert!(Instant::now() < until, "B never found A's chunks");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (st, bufs) = load(&b, &[0, 1, 2]);
+    assert_eq!(st, vec![OK; 3]);
+    assert!(bufs[2] == data(2));
+    // B writes three more: together past the capacity of 4 files, which both hold.
+    for i in 10..13 {
+        assert_eq!(store(&b, &[i]), vec![OK]);
+    }
+    std::thread::sleep(Duration::from_millis(300)); // a few rescans of both
+    assert!(files_on_disk(&b) <= 4, "{} files", files_on_disk(&b));
 }

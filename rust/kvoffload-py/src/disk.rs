@@ -49,7 +49,11 @@ impl DiskTier {
 #[pymethods]
 impl DiskTier {
     #[new]
-    #[pyo3(signature = (path, namespace, chunk_bytes, capacity_bytes, *, direct_io = "auto", io_threads = 8))]
+    #[pyo3(signature = (
+        path, namespace, chunk_bytes, capacity_bytes, *, direct_io = "auto", io_threads = 8,
+        rescan_interval_s = 10.0,
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         path: PathBuf,
@@ -58,7 +62,14 @@ impl DiskTier {
         capacity_bytes: u64,
         direct_io: &str,
         io_threads: usize,
+        rescan_interval_s: f64,
     ) -> PyResult<Self> {
+        if !rescan_interval_s.is_finite() || !(0.0..=86400.0).contains(&rescan_interval_s) {
+            return Err(PyValueError::new_err(format!(
+                "rescan_interval_s={rescan_interval_s} is out of range; allowed: 0 (only at \
+                 start-up) to 86400 seconds"
+            )));
+        }
         let ns: [u8; 16] = namespace.try_into().map_err(|_| {
             PyValueError::new_err(format!(
                 "namespace has {} bytes; allowed: exactly 16 (a digest)",
@@ -77,6 +88,7 @@ impl DiskTier {
         };
         let mut cfg = DiskConfig::new(path, chunk_bytes);
         cfg.direct = direct;
+        cfg.rescan = (rescan_interval_s > 0.0).then(|| Duration::from_secs_f64(rescan_interval_s));
         let jobs = py
             .detach(|| DiskJobs::open(cfg, ns, capacity_bytes, io_threads))
             .map_err(to_py)?;
