@@ -238,6 +238,7 @@ class DiskTier:
         direct_io: str = "auto",
         io_threads: int = 8,
         rescan_interval_s: float = 10.0,
+        max_store_bytes_in_flight: int = 1073741824,
     ) -> DiskTier: ...
     @property
     def chunk_bytes(self) -> int: ...

@@ -12,7 +12,7 @@ import pytest
 
 from kvoffload import ConfigError
 from kvoffload.disk import DiskClient, DiskTierConfig
-from kvoffload.remote import CORRUPT, EXISTS, MISSING, OK
+from kvoffload.remote import CORRUPT, DROPPED, EXISTS, MISSING, OK
 
 CHUNK = 16 * 1024
 DIGEST = hashlib.blake2b(b"disk-client-test", digest_size=16).digest()
@@ -106,6 +106,7 @@ def test_capacity_bytes_is_held(tmp_path):
         ({"direct_io": "yes"}, "direct_io='yes'"),
         ({"io_threads": 0}, "io_threads=0"),
         ({"rescan_interval_s": -1}, "rescan_interval_s=-1"),
+        ({"max_store_bytes_in_flight": 0}, "max_store_bytes_in_flight=0"),
         ({"capcity_bytes": 1}, "unknown DiskTier key"),
     ],
 )
@@ -120,3 +121,11 @@ def test_a_path_that_cannot_be_a_directory_stops_start_up(tmp_path):
     entry = {"path": str(tmp_path / "file"), "capacity_bytes": 1 << 30, "namespace": "m@1"}
     with pytest.raises(ConfigError, match="cannot create the tier's directory"):
         DiskClient(DiskTierConfig.from_dict(entry), DIGEST, CHUNK)
+
+
+def test_stores_past_max_store_bytes_in_flight_are_dropped(tmp_path):
+    c = client(tmp_path, max_store_bytes_in_flight=2 * CHUNK)
+    src = np.zeros(3 * CHUNK, dtype=np.uint8)
+    assert done(c, c.store(keys(3), src, [0, CHUNK, 2 * CHUNK])) == bytes([DROPPED]) * 3
+    assert c.stats()["stores_dropped"] == 3
+    assert done(c, c.store(keys(2), src, [0, CHUNK])) == bytes([OK]) * 2

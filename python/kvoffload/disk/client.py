@@ -33,6 +33,7 @@ class DiskClient:
                 direct_io=config.direct_io,
                 io_threads=config.io_threads,
                 rescan_interval_s=config.rescan_interval_s,
+                max_store_bytes_in_flight=config.max_store_bytes_in_flight,
             )
         except (ValueError, OSError) as exc:
             raise ConfigError(f"DiskTier path={config.path!r}: {exc}") from exc

@@ -23,6 +23,7 @@ class DiskTierConfig:
     direct_io: str = "auto"
     io_threads: int = 8
     rescan_interval_s: float = 10.0
+    max_store_bytes_in_flight: int = 1 << 30
     enable_kv_events: bool = False
 
     @classmethod
@@ -72,7 +73,13 @@ class DiskTierConfig:
                 f"DiskTier rescan_interval_s={rescan!r} is invalid: expected seconds in "
                 "[0, 86400] (0: only at start-up)"
             )
+        max_store = entry.get("max_store_bytes_in_flight", 1 << 30)
+        if type(max_store) is not int or not 1 <= max_store <= 1 << 40:
+            raise ConfigError(
+                f"DiskTier max_store_bytes_in_flight={max_store!r} is invalid: expected an int "
+                "in [1, 2**40] (stores past it are dropped, never queued)"
+            )
         events = entry.get("enable_kv_events", False)
         if type(events) is not bool:
             raise ConfigError(f"DiskTier enable_kv_events={events!r} is invalid: true or false")
-        return cls(path, capacity, namespace, direct, threads, float(rescan), events)
+        return cls(path, capacity, namespace, direct, threads, float(rescan), max_store, events)

@@ -45,6 +45,7 @@ _COUNTERS = {
     "corrupt": "Files that failed the length, header or CRC32C check (each removed, never served).",
     "stores_full": "Chunks not written because the filesystem was full.",
     "store_failures": "Chunks not written for any reason (a full filesystem among them).",
+    "stores_dropped": "Chunks not written because max_store_bytes_in_flight was reached.",
     "load_missing": "Chunks a load found absent (evicted, or removed by another engine).",
     "evicted": "Chunks evicted to hold capacity_bytes.",
 }

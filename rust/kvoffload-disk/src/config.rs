@@ -24,6 +24,8 @@ pub struct DiskConfig {
     /// How often the index takes in the files other engines sharing the directory wrote (None:
     /// only at open).
     pub rescan: Option<std::time::Duration>,
+    /// Bytes of stores queued or being written past which a store job is dropped (DROPPED).
+    pub max_store_bytes_in_flight: u64,
 }
 
 /// At most 1 GiB per chunk: larger is a mistake in the caller's arithmetic.
@@ -36,6 +38,7 @@ impl DiskConfig {
             chunk_bytes,
             direct: DirectIo::Auto,
             rescan: Some(std::time::Duration::from_secs(10)),
+            max_store_bytes_in_flight: 1 << 30,
         }
     }
 

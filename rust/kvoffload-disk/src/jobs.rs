@@ -11,7 +11,7 @@ use crate::files;
 use crate::index::Index;
 use crate::tier::{DiskTier, Loaded, Stored};
 use kvoffload_format::buf::{first_overlap, RawBuf, RawBufMut};
-use kvoffload_format::status::{CORRUPT, EXISTS, FAILED, MISSING, OK, PENDING};
+use kvoffload_format::status::{CORRUPT, DROPPED, EXISTS, FAILED, MISSING, OK, PENDING};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -39,6 +39,8 @@ struct Queue {
     done: Vec<Completion>,
     next_id: u64,
     closing: bool,
+    /// Bytes of store items queued or being written.
+    store_bytes: u64,
 }
 
 struct Shared {
@@ -52,6 +54,10 @@ struct Shared {
     closed_cv: Condvar,
     scanned: AtomicBool,
     evicted: AtomicU64,
+    /// Store jobs past `max_store_bytes` are dropped whole (their items DROPPED), never queued:
+    /// a disk slower than the engine stores must not grow the queue without bound.
+    max_store_bytes: u64,
+    dropped: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
 
@@ -95,6 +101,7 @@ impl DiskJobs {
             )));
         }
         let rescan = cfg.rescan;
+        let max_store_bytes = cfg.max_store_bytes_in_flight;
         let tier = DiskTier::open(cfg, ns)?;
         let sh = Arc::new(Shared {
             tier,
@@ -106,6 +113,7 @@ impl DiskJobs {
                 done: Vec::new(),
                 next_id: 1,
                 closing: false,
+                store_bytes: 0,
             }),
             index: Mutex::new(Index::default()),
             work_cv: Condvar::new(),
@@ -113,6 +121,8 @@ impl DiskJobs {
             closed_cv: Condvar::new(),
             scanned: AtomicBool::new(false),
             evicted: AtomicU64::new(0),
+            max_store_bytes,
+            dropped: AtomicU64::new(0),
             last_error: Mutex::new(None),
         });
         let jobs = DiskJobs {
@@ -156,6 +166,11 @@ impl DiskJobs {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Store items dropped because `max_store_bytes_in_flight` was reached.
+    pub fn stores_dropped(&self) -> u64 {
+        self.sh.dropped.load(Ordering::Relaxed)
     }
 
     /// Chunks the index holds, and chunks evicted to hold the capacity.
@@ -209,8 +224,21 @@ impl DiskJobs {
         let mut q = self.sh.lock();
         let id = q.next_id;
         q.next_id += 1;
-        if items.is_empty() || q.closing {
-            let statuses = vec![FAILED; items.len()];
+        let chunk = self.sh.tier.chunk_bytes() as u64;
+        let store_bytes = items
+            .iter()
+            .filter(|i| matches!(i, Item::Store(..)))
+            .count() as u64
+            * chunk;
+        let full = store_bytes > 0 && q.store_bytes + store_bytes > self.sh.max_store_bytes;
+        if items.is_empty() || q.closing || full {
+            let status = if full && !q.closing { DROPPED } else { FAILED };
+            if status == DROPPED {
+                self.sh
+                    .dropped
+                    .fetch_add(items.len() as u64, Ordering::Relaxed);
+            }
+            let statuses = vec![status; items.len()];
             q.done.push(Completion {
                 job_id: id,
                 statuses,
@@ -219,6 +247,7 @@ impl DiskJobs {
             self.sh.done_cv.notify_all();
             return id;
         }
+        q.store_bytes += store_bytes;
         q.open.insert(id, (vec![PENDING; items.len()], items.len()));
         for (i, item) in items.into_iter().enumerate() {
             match item {
@@ -295,10 +324,14 @@ fn worker(sh: &Shared) {
                 q = sh.work_cv.wait(q).unwrap_or_else(|p| p.into_inner());
             }
         };
+        let store = matches!(item, Item::Store(..));
         // A panic in one item's I/O fails that item, never its job's completion.
         let status = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(sh, item)))
             .unwrap_or(FAILED);
         let mut q = sh.lock();
+        if store {
+            q.store_bytes -= sh.tier.chunk_bytes() as u64;
+        }
         let (statuses, left) = q.open.get_mut(&job).expect("an open job");
         statuses[i] = status;
         *left -= 1;

@@ -6,7 +6,7 @@ mod common;
 use common::TempDir;
 use kvoffload_disk::{DiskConfig, DiskJobs};
 use kvoffload_format::buf::{RawBuf, RawBufMut};
-use kvoffload_format::status::{EXISTS, MISSING, OK};
+use kvoffload_format::status::{DROPPED, EXISTS, MISSING, OK};
 use std::time::{Duration, Instant};
 
 const NS: [u8; 16] = *b"disk-jobs-tests!";
@@ -229,4 +229,22 @@ fn engines_sharing_a_directory_find_each_others_chunks_and_hold_the_capacity_tog
     }
     std::thread::sleep(Duration::from_millis(300)); // a few rescans of both
     assert!(files_on_disk(&b) <= 4, "{} files", files_on_disk(&b));
+}
+
+#[test]
+fn stores_past_max_store_bytes_in_flight_are_dropped_whole_never_queued() {
+    let d = TempDir::new("backpressure");
+    let mut cfg = DiskConfig::new(&d.0, CHUNK);
+    cfg.rescan = None;
+    cfg.max_store_bytes_in_flight = 2 * CHUNK as u64;
+    let jobs = DiskJobs::open(cfg, NS, 100 * FILE, 1).unwrap();
+    // Three chunks cannot fit two chunks' worth: dropped at once, nothing written.
+    assert_eq!(store(&jobs, &[0, 1, 2]), vec![DROPPED; 3]);
+    assert_eq!(jobs.stores_dropped(), 3);
+    assert_eq!(files_on_disk(&jobs), 0);
+    // Two fit; once written, the room is back.
+    assert_eq!(store(&jobs, &[0, 1]), vec![OK; 2]);
+    assert_eq!(store(&jobs, &[2, 3]), vec![OK; 2]);
+    // Loads are never dropped.
+    assert_eq!(load(&jobs, &[0, 1, 2, 3]).0, vec![OK; 4]);
 }

@@ -51,7 +51,7 @@ impl DiskTier {
     #[new]
     #[pyo3(signature = (
         path, namespace, chunk_bytes, capacity_bytes, *, direct_io = "auto", io_threads = 8,
-        rescan_interval_s = 10.0,
+        rescan_interval_s = 10.0, max_store_bytes_in_flight = 1_073_741_824,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -63,6 +63,7 @@ impl DiskTier {
         direct_io: &str,
         io_threads: usize,
         rescan_interval_s: f64,
+        max_store_bytes_in_flight: u64,
     ) -> PyResult<Self> {
         if !rescan_interval_s.is_finite() || !(0.0..=86400.0).contains(&rescan_interval_s) {
             return Err(PyValueError::new_err(format!(
@@ -89,6 +90,7 @@ impl DiskTier {
         let mut cfg = DiskConfig::new(path, chunk_bytes);
         cfg.direct = direct;
         cfg.rescan = (rescan_interval_s > 0.0).then(|| Duration::from_secs_f64(rescan_interval_s));
+        cfg.max_store_bytes_in_flight = max_store_bytes_in_flight;
         let jobs = py
             .detach(|| DiskJobs::open(cfg, ns, capacity_bytes, io_threads))
             .map_err(to_py)?;
@@ -220,6 +222,7 @@ impl DiskTier {
             ("corrupt", s.corrupt),
             ("bytes_written", s.bytes_written),
             ("bytes_read", s.bytes_read),
+            ("stores_dropped", self.jobs.stores_dropped()),
             ("chunks", chunks as u64),
             ("evicted", evicted),
         ] {
