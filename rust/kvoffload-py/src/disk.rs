@@ -2,9 +2,8 @@
 //! that waits or does I/O releases the GIL.
 
 use crate::keys::KeyArg;
-use crate::lent::{items, Lent};
+use crate::lent::{load_items, store_items, Lent};
 use kvoffload_disk::{DirectIo, DiskConfig, DiskError, DiskJobs};
-use kvoffload_format::buf::{RawBuf, RawBufMut};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -137,18 +136,18 @@ impl DiskTier {
         capacity: i64,
         offsets: Vec<i64>,
     ) -> PyResult<u64> {
-        // SAFETY: each span lies in the caller's buffer (checked by `items`), which `buffer`
-        // owns and `lent` keeps alive until this job's completion; the caller leaves it
-        // unchanged until then (documented contract).
-        let items = items(
-            py,
-            keys,
-            self.jobs.tier().chunk_bytes(),
-            base,
-            capacity,
-            &offsets,
-            |a, n| unsafe { RawBuf::new(a as *const u8, n) },
-        )?;
+        // SAFETY: `base`/`capacity` describe `buffer`'s memory, which `lent.submit` keeps
+        // alive until this job's completion (the Python client passes them together).
+        let items = unsafe {
+            store_items(
+                py,
+                keys,
+                self.jobs.tier().chunk_bytes(),
+                base,
+                capacity,
+                &offsets,
+            )?
+        };
         self.lent
             .submit(py, buffer, || self.jobs.submit_store(items))
             .map_err(to_py)
@@ -163,17 +162,18 @@ impl DiskTier {
         capacity: i64,
         offsets: Vec<i64>,
     ) -> PyResult<u64> {
-        // SAFETY: as in `submit_store`; the caller also leaves the spans untouched until then,
-        // and `DiskJobs::submit_load` refuses overlapping spans.
-        let items = items(
-            py,
-            keys,
-            self.jobs.tier().chunk_bytes(),
-            base,
-            capacity,
-            &offsets,
-            |a, n| unsafe { RawBufMut::new(a as *mut u8, n) },
-        )?;
+        // SAFETY: `base`/`capacity` describe `buffer`'s memory, which `lent.submit` keeps
+        // alive until this job's completion (the Python client passes them together).
+        let items = unsafe {
+            load_items(
+                py,
+                keys,
+                self.jobs.tier().chunk_bytes(),
+                base,
+                capacity,
+                &offsets,
+            )?
+        };
         self.lent
             .submit(py, buffer, || self.jobs.submit_load(items))
             .map_err(to_py)

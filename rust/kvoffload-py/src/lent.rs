@@ -4,6 +4,7 @@
 //! every worker access whatever the caller does with its own references.
 
 use crate::keys::{new_bytes, KeyArg};
+use kvoffload_format::buf::{RawBuf, RawBufMut};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -85,7 +86,7 @@ impl Lent {
 
 /// The items' addresses: `base + offset`, each chunk of `chunk` bytes checked to lie within the
 /// buffer of `capacity` bytes.
-pub(crate) fn spans(
+fn spans(
     chunk: usize,
     n_keys: usize,
     base: u64,
@@ -130,9 +131,46 @@ pub(crate) fn spans(
         .collect()
 }
 
-/// The keys, each with its chunk-sized span of the caller's buffer (`base + offset`), made by
-/// `span(address, chunk)`.
-pub(crate) fn items<B>(
+/// A store's items: the keys, each with its chunk of the caller's buffer (`base + offset`).
+///
+/// # Safety
+/// `base..base+capacity` must be the memory of `buffer`, the object the caller then hands to
+/// [`Lent::submit`] (which keeps it alive until the job's completion); the caller leaves it
+/// unchanged until then (each binding's documented contract). Each span is checked to lie in it.
+pub(crate) unsafe fn store_items(
+    py: Python<'_>,
+    keys: &Bound<'_, PyAny>,
+    chunk: usize,
+    base: u64,
+    capacity: i64,
+    offsets: &[i64],
+) -> PyResult<Vec<(Vec<u8>, RawBuf)>> {
+    // SAFETY: guaranteed by the caller (above), each span checked by `items`.
+    items(py, keys, chunk, base, capacity, offsets, |a, n| unsafe {
+        RawBuf::new(a as *const u8, n)
+    })
+}
+
+/// A load's items, as [`store_items`].
+///
+/// # Safety
+/// As [`store_items`]; the caller also leaves the spans untouched until the completion, and the
+/// tier refuses overlapping spans.
+pub(crate) unsafe fn load_items(
+    py: Python<'_>,
+    keys: &Bound<'_, PyAny>,
+    chunk: usize,
+    base: u64,
+    capacity: i64,
+    offsets: &[i64],
+) -> PyResult<Vec<(Vec<u8>, RawBufMut)>> {
+    // SAFETY: guaranteed by the caller (above), each span checked by `items`.
+    items(py, keys, chunk, base, capacity, offsets, |a, n| unsafe {
+        RawBufMut::new(a as *mut u8, n)
+    })
+}
+
+fn items<B>(
     py: Python<'_>,
     keys: &Bound<'_, PyAny>,
     chunk: usize,

@@ -3,10 +3,9 @@
 
 use crate::errors::RemoteError;
 use crate::keys::{new_bytes, KeyArg};
-use crate::lent::{items, Lent};
+use crate::lent::{load_items, store_items, Lent};
 use kvoffload_remote::{
-    self as remote, CanaryOutcome, Completion, Config, LookupTable, RawBuf, RawBufMut, Tier,
-    TlsConfig,
+    self as remote, CanaryOutcome, Completion, Config, LookupTable, Tier, TlsConfig,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -235,18 +234,10 @@ impl RemoteTier {
         capacity: i64,
         offsets: Vec<i64>,
     ) -> PyResult<u64> {
-        // SAFETY: each span lies in the caller's buffer (checked by `items`), which `buffer`
-        // owns and `owners` keeps alive until this job's completion; the caller leaves it
-        // unchanged until then (documented contract).
-        let items = items(
-            py,
-            keys,
-            self.tier.chunk_bytes(),
-            base,
-            capacity,
-            &offsets,
-            |a, n| unsafe { RawBuf::new(a as *const u8, n) },
-        )?;
+        // SAFETY: `base`/`capacity` describe `buffer`'s memory, which `lent.submit` keeps
+        // alive until this job's completion (the Python client passes them together).
+        let items =
+            unsafe { store_items(py, keys, self.tier.chunk_bytes(), base, capacity, &offsets)? };
         self.lent
             .submit(py, buffer, || self.tier.submit_store(items))
             .map_err(to_py)
@@ -261,17 +252,10 @@ impl RemoteTier {
         capacity: i64,
         offsets: Vec<i64>,
     ) -> PyResult<u64> {
-        // SAFETY: as in `submit_store`; the caller also leaves the spans untouched until then,
-        // and `Tier::submit_load` refuses overlapping spans.
-        let items = items(
-            py,
-            keys,
-            self.tier.chunk_bytes(),
-            base,
-            capacity,
-            &offsets,
-            |a, n| unsafe { RawBufMut::new(a as *mut u8, n) },
-        )?;
+        // SAFETY: `base`/`capacity` describe `buffer`'s memory, which `lent.submit` keeps
+        // alive until this job's completion (the Python client passes them together).
+        let items =
+            unsafe { load_items(py, keys, self.tier.chunk_bytes(), base, capacity, &offsets)? };
         self.lent
             .submit(py, buffer, || self.tier.submit_load(items))
             .map_err(to_py)
