@@ -368,13 +368,14 @@ class CpuStore:
         self._inner.complete_load(keys)
 
     def hold_for_write(self, keys: Keys) -> npt.NDArray[np.int64]:
-        """Holds every key's slot (each ready, not held yet, listed once) while a write to the
-        shared tier reads it, and returns the slots: the key cannot be evicted, as if pinned,
-        but it is not a load in flight (`first_pinned` does not see it)."""
+        """Holds every key's slot (each ready, listed once) while a write to a secondary tier
+        reads it, and returns the slots: the key cannot be evicted, as if pinned, but it is not
+        a load in flight (`first_pinned` does not see it). Holds are counted (one per tier of a
+        chain, at most 15 at a time)."""
         return _int64s(self._inner.hold_for_write(keys))
 
     def release_write(self, keys: Keys) -> None:
-        """Ends the write holds of `keys` (each held, listed once)."""
+        """Ends one write hold of each of `keys` (each held, listed once)."""
         self._inner.release_write(keys)
 
     def touch(self, keys: Keys, *, reuse: bool = True) -> None:

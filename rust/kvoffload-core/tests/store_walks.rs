@@ -495,11 +495,25 @@ fn write_holds_refuse_what_they_cannot_take_and_change_nothing() {
         }
         assert_eq!(s.stats().pinned, 0);
     }
-    s.hold_for_write(&ks(&[1])).unwrap();
-    assert!(s.hold_for_write(&ks(&[1])).is_err()); // held already
+    // One hold per tier of a chain, at most 15 at a time; each release ends one.
+    for _ in 0..15 {
+        s.hold_for_write(&ks(&[1])).unwrap();
+    }
+    assert!(s.hold_for_write(&ks(&[1])).is_err()); // a 16th
     assert!(s.release_write(&ks(&[2])).is_err()); // never held
     assert!(s.release_write(&ks(&[1, 1])).is_err());
     assert_eq!(s.stats().pinned, 1);
+    s.prepare_load(&ks(&[1])).unwrap(); // a load pin beside 15 holds: neither spills over
+    assert_eq!(s.first_pinned(&ks(&[1])).unwrap(), 0);
+    s.complete_load(&ks(&[1])).unwrap();
+    for left in (0..15).rev() {
+        s.release_write(&ks(&[1])).unwrap();
+        assert_eq!(s.stats().pinned, u64::from(left > 0));
+        assert_eq!(s.first_pinned(&ks(&[1])).unwrap(), 1);
+    }
+    assert!(s.release_write(&ks(&[1])).is_err()); // none left
+    let plan = store(&mut s, &[3, 4, 5]); // 1 and 2 evictable again
+    assert_eq!(plan.evicted.len(), 1);
     s.check_invariants().unwrap();
 }
 

@@ -27,10 +27,13 @@ pub(super) const PROTECTED: u8 = 2;
 /// Set for the length of one call on the keys it lists, to find a key listed twice.
 pub(super) const LISTED: u8 = 4;
 
-/// The top bit of `pins`: a write to the shared tier reads the slot. It keeps the key from
-/// eviction as a load pin does, but it is not a load (`first_pinned` does not see it).
-pub(super) const WRITE_HOLD: u32 = 1 << 31;
-/// The load pins, below `WRITE_HOLD`.
+/// One write hold, counted in the top 4 bits of `pins`: a write to a secondary tier reads the
+/// slot (one hold per tier of a chain). It keeps the key from eviction as a load pin does, but
+/// it is not a load (`first_pinned` does not see it).
+pub(super) const WRITE_HOLD: u32 = 1 << 28;
+/// The write holds: at most 15 at a time.
+pub(super) const WRITE_HOLDS: u32 = 0xF << 28;
+/// The load pins, below the write holds.
 pub(super) const LOAD_PINS: u32 = WRITE_HOLD - 1;
 
 #[derive(Clone, Copy)]

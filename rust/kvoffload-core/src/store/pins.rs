@@ -1,6 +1,6 @@
-//! Pins that keep a ready key from eviction: a load's (counted) and a write's hold (one).
+//! Pins that keep a ready key from eviction: a load's and a write's hold (each counted).
 
-use super::entry::{State, LOAD_PINS, WRITE_HOLD};
+use super::entry::{State, LOAD_PINS, WRITE_HOLD, WRITE_HOLDS};
 use super::{RankedBatch, Store};
 use crate::error::{Error, Result};
 use crate::key::validate_keys;
@@ -86,13 +86,13 @@ impl Store {
         Ok(())
     }
 
-    /// Holds each key's slot while a write to the shared tier reads it: not evictable, as if
-    /// pinned, yet not a load in flight (`first_pinned`). Every key must be ready and not held
-    /// already, and listed once. Returns the slots.
+    /// Holds each key's slot while a write to a secondary tier reads it: not evictable, as if
+    /// pinned, yet not a load in flight (`first_pinned`). Every key must be ready, held by fewer
+    /// than 15 writes (one per tier of a chain), and listed once. Returns the slots.
     pub fn hold_for_write<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<Vec<u32>> {
-        let needed = "ready and not held for a write";
+        let needed = "ready and held by fewer than 15 writes";
         let slots = self.resolve(keys, "hold_for_write", needed, |e| {
-            e.state == State::Ready && e.live() && e.pins & WRITE_HOLD == 0
+            e.state == State::Ready && e.live() && e.pins & WRITE_HOLDS != WRITE_HOLDS
         })?;
         Self::refuse_repeats(keys, &slots, "hold_for_write")?;
         for &slot in &slots {
@@ -100,20 +100,20 @@ impl Store {
             if e.pins == 0 {
                 self.stats.pinned += 1;
             }
-            e.pins |= WRITE_HOLD;
+            e.pins += WRITE_HOLD;
         }
         Ok(slots)
     }
 
-    /// Ends the write holds of `keys` (each held, listed once). A key dropped by `reset`
+    /// Ends one write hold of each of `keys` (each held, listed once). A key dropped by `reset`
     /// meanwhile leaves the store once nothing pins it.
     pub fn release_write<K: AsRef<[u8]>>(&mut self, keys: &[K]) -> Result<()> {
         let needed = "held for a write";
-        let slots = self.resolve(keys, "release_write", needed, |e| e.pins & WRITE_HOLD != 0)?;
+        let slots = self.resolve(keys, "release_write", needed, |e| e.pins & WRITE_HOLDS != 0)?;
         Self::refuse_repeats(keys, &slots, "release_write")?;
         for &slot in &slots {
             let e = &mut self.entries[slot as usize];
-            e.pins &= !WRITE_HOLD;
+            e.pins -= WRITE_HOLD;
             if e.pins == 0 {
                 if e.live() {
                     self.stats.pinned -= 1;
