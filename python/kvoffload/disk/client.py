@@ -10,6 +10,7 @@ from kvoffload import _rust
 from kvoffload._buffers import lend
 from kvoffload.disk.config import DiskTierConfig
 from kvoffload.errors import ConfigError
+from kvoffload.store import Keys
 
 Completion = tuple[int, bytes]
 """A finished job: its id and one status byte per key (`kvoffload.remote.OK`, ...)."""
@@ -23,15 +24,25 @@ class DiskClient:
     job's completion comes back from `poll` or `drain` (the Rust side keeps it alive until then).
     """
 
-    def __init__(self, config: DiskTierConfig, namespace_digest: bytes, chunk_bytes: int) -> None:
+    def __init__(
+        self,
+        config: DiskTierConfig,
+        namespace_digest: bytes,
+        chunk_bytes: int,
+        *,
+        capacity_bytes: int | None = None,
+        io_threads: int | None = None,
+    ) -> None:
+        """`capacity_bytes` and `io_threads` default to the config's (a handle that only answers
+        lookups passes its own: it never evicts, and does no I/O but its scans)."""
         try:
             self._tier = _rust.DiskTier(
                 config.path,
                 namespace_digest,
                 chunk_bytes,
-                config.capacity_bytes,
+                config.capacity_bytes if capacity_bytes is None else capacity_bytes,
                 direct_io=config.direct_io,
-                io_threads=config.io_threads,
+                io_threads=config.io_threads if io_threads is None else io_threads,
                 rescan_interval_s=config.rescan_interval_s,
                 max_store_bytes_in_flight=config.max_store_bytes_in_flight,
             )
@@ -55,9 +66,17 @@ class DiskClient:
         """Why the last item failed (with the file's path), for logs."""
         return self._tier.last_error
 
-    def lookup_prefix(self, keys: Sequence[bytes]) -> int:
+    def lookup_prefix(self, keys: Keys) -> int:
         """How many of `keys`, from the first, the tier holds (no I/O)."""
-        return self._tier.lookup_prefix(list(keys))
+        return self._tier.lookup_prefix(keys)
+
+    def note_present(self, keys: Keys) -> None:
+        """Takes `keys` into the index as just used: written through another handle."""
+        self._tier.note_present(keys)
+
+    def note_missing(self, keys: Keys) -> None:
+        """Drops `keys` from the index: a load through another handle missed them."""
+        self._tier.note_missing(keys)
 
     def store(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int:
         return lend(self._tier.submit_store, keys, buffer, offsets, writable=False)

@@ -1,7 +1,7 @@
 //! Which chunks the tier holds, least recently used first, and how many bytes they take: what
 //! answers lookups without touching the disk, and what `capacity_bytes` is held by.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 #[derive(Default)]
 pub(crate) struct Index {
@@ -18,6 +18,13 @@ pub(crate) struct Index {
     epoch: u64,
     /// The chunks dropped since the last scan began, with the epoch of the drop.
     dropped: HashMap<Vec<u8>, u64>,
+}
+
+/// Where a scan began: what it may add, and what it may prune.
+#[derive(Clone, Copy)]
+pub(crate) struct ScanMark {
+    epoch: u64,
+    next: u64,
 }
 
 impl Index {
@@ -52,16 +59,20 @@ impl Index {
         self.order.insert(place, key.to_vec());
     }
 
-    /// Where a scan starting now stands: pass it to `add_scanned` and `scan_done`.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
+    /// Where a scan starting now stands: pass it to `add_scanned`, `prune` and `scan_done`.
+    pub fn mark(&self) -> ScanMark {
+        ScanMark {
+            epoch: self.epoch,
+            next: self.next,
+        }
     }
 
     /// `key` found by a scan that began at `since`, unless the index holds it or it was dropped
     /// after the scan began. The start-up scan's chunks go below every chunk used since open,
     /// in the order of their files' ages (`recent: false`); a later scan's are new files other
     /// engines wrote since the last one, taken as just used (`recent: true`).
-    pub fn add_scanned(&mut self, key: Vec<u8>, since: u64, recent: bool) {
+    pub fn add_scanned(&mut self, key: Vec<u8>, since: ScanMark, recent: bool) {
+        let since = since.epoch;
         if self.at.contains_key(&key) || self.dropped.get(&key).is_some_and(|&e| e > since) {
             return;
         }
@@ -74,9 +85,28 @@ impl Index {
         self.order.insert(self.scanned, key);
     }
 
+    /// Drops the chunks the scan that began at `since` did not list (another engine evicted or
+    /// removed their files), unless they were stored or read since it began, or are in flight.
+    /// Returns how many.
+    pub fn prune(&mut self, listed: &HashSet<Vec<u8>>, since: ScanMark) -> usize {
+        let touched_since = (1 << 62) + since.next;
+        let gone: Vec<Vec<u8>> = self
+            .at
+            .iter()
+            .filter(|(k, &place)| {
+                place <= touched_since && !listed.contains(*k) && !self.busy.contains_key(*k)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &gone {
+            self.remove(key);
+        }
+        gone.len()
+    }
+
     /// The scan that began at `since` is done: drops before it no longer matter.
-    pub fn scan_done(&mut self, since: u64) {
-        self.dropped.retain(|_, e| *e > since);
+    pub fn scan_done(&mut self, since: ScanMark) {
+        self.dropped.retain(|_, e| *e > since.epoch);
     }
 
     fn drop_key(&mut self, key: &[u8]) {
@@ -117,7 +147,7 @@ mod tests {
         let mut ix = Index::default();
         ix.touch(b"a");
         ix.touch(b"b");
-        let since = ix.epoch();
+        let since = ix.mark();
         ix.add_scanned(b"old1".to_vec(), since, false);
         ix.add_scanned(b"old2".to_vec(), since, false);
         ix.add_scanned(b"a".to_vec(), since, false); // held already: keeps its place
@@ -135,8 +165,27 @@ mod tests {
         ix.add_scanned(b"b".to_vec(), since, false);
         assert!(!ix.contains(b"b"));
         ix.scan_done(since);
-        let next = ix.epoch();
+        let next = ix.mark();
         ix.add_scanned(b"b".to_vec(), next, true);
         assert!(ix.contains(b"b"));
+    }
+
+    #[test]
+    fn a_scan_prunes_what_it_did_not_list_unless_used_since_or_in_flight() {
+        let mut ix = Index::default();
+        for key in [&b"gone"[..], b"kept", b"busy", b"late"] {
+            ix.touch(key);
+        }
+        let since = ix.mark();
+        ix.add_scanned(b"old".to_vec(), since, false); // listed by an earlier scan, now gone
+        ix.busy(b"busy", true);
+        ix.touch(b"late"); // stored after this scan listed the directory
+        let listed: HashSet<Vec<u8>> = [b"kept".to_vec()].into();
+        assert_eq!(ix.prune(&listed, since), 2);
+        assert!(!ix.contains(b"gone") && !ix.contains(b"old"));
+        assert!(ix.contains(b"kept") && ix.contains(b"busy") && ix.contains(b"late"));
+        // Pruned is dropped: this scan's own listing cannot bring it back.
+        ix.add_scanned(b"gone".to_vec(), since, true);
+        assert!(!ix.contains(b"gone"));
     }
 }

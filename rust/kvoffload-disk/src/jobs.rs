@@ -12,6 +12,7 @@ use crate::index::Index;
 use crate::tier::{DiskTier, Loaded, Stored};
 use kvoffload_format::buf::{first_overlap, RawBuf, RawBufMut};
 use kvoffload_format::status::{CORRUPT, DROPPED, EXISTS, FAILED, MISSING, OK, PENDING};
+use std::collections::HashSet;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -185,6 +186,27 @@ impl DiskJobs {
     pub fn lookup_prefix(&self, keys: &[&[u8]]) -> usize {
         let ix = self.sh.index();
         keys.iter().take_while(|k| ix.contains(k)).count()
+    }
+
+    /// Takes `keys` into the index as just used, without I/O: chunks written through another
+    /// handle on this directory, known here before the next scan lists them.
+    pub fn note_present(&self, keys: &[&[u8]]) {
+        {
+            let mut ix = self.sh.index();
+            for key in keys {
+                ix.touch(key);
+            }
+        }
+        evict(&self.sh);
+    }
+
+    /// Drops `keys` from the index, without I/O: chunks a load through another handle found
+    /// absent or damaged. A later scan that lists a file of one takes it in again.
+    pub fn note_missing(&self, keys: &[&[u8]]) {
+        let mut ix = self.sh.index();
+        for key in keys {
+            ix.remove(key);
+        }
     }
 
     pub fn submit_store(&self, items: Vec<(Vec<u8>, RawBuf)>) -> Result<u64> {
@@ -435,7 +457,7 @@ fn rebuild(sh: &Shared, rescan: Option<Duration>) {
 }
 
 fn scan_into_index(sh: &Shared, recent: bool) {
-    let since = sh.index().epoch();
+    let since = sh.index().mark();
     if let Ok(mut found) = sh.tier.scan() {
         found.sort_by_key(|(_, modified)| *modified);
         // In batches, so lookups and I/O threads never wait long for the index.
@@ -448,6 +470,10 @@ fn scan_into_index(sh: &Shared, recent: bool) {
                 ix.add_scanned(key.clone(), since, recent);
             }
         }
+        // Files gone since (another engine evicted them) are misses here too, not loads that
+        // fail.
+        let listed: HashSet<Vec<u8>> = found.into_iter().map(|(key, _)| key).collect();
+        sh.index().prune(&listed, since);
     }
     sh.index().scan_done(since);
 }

@@ -248,3 +248,35 @@ fn stores_past_max_store_bytes_in_flight_are_dropped_whole_never_queued() {
     // Loads are never dropped.
     assert_eq!(load(&jobs, &[0, 1, 2, 3]).0, vec![OK; 4]);
 }
+
+#[test]
+fn a_lookup_handle_learns_of_writes_by_note_and_of_evictions_by_rescan() {
+    let d = TempDir::new("lookup-handle");
+    // A handle that only answers lookups (a scheduler's): it never evicts, and its writers'
+    // handle holds the capacity of 2 files.
+    let lookups = open_with(&d, 1 << 20, 1, Some(Duration::from_millis(50)));
+    let writer = open(&d, 2, 2);
+    assert_eq!(store(&writer, &[0, 1]), vec![OK; 2]);
+    let ks: Vec<Vec<u8>> = (0..3).map(key).collect();
+    let refs: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
+    lookups.note_present(&refs[..2]);
+    assert_eq!(lookups.lookup_prefix(&refs), 2); // at once, not at the next rescan
+                                                 // The writer evicts 0 for 2: the lookup handle's next rescan drops it.
+    assert_eq!(store(&writer, &[2]), vec![OK]);
+    let until = Instant::now() + Duration::from_secs(10);
+    while lookups.lookup_prefix(&refs[..1]) == 1 {
+        assert!(Instant::now() < until, "the evicted chunk was never pruned");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(lookups.lookup_prefix(&refs[1..]), 2);
+    // A miss reported by another handle drops the chunk here at once, and a scan that still
+    // lists its file takes it in again.
+    lookups.note_missing(&refs[1..2]);
+    assert_eq!(lookups.lookup_prefix(&refs[1..]), 0);
+    let until = Instant::now() + Duration::from_secs(10);
+    while lookups.lookup_prefix(&refs[1..]) < 2 {
+        assert!(Instant::now() < until, "the listed chunk never came back");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(files_on_disk(&lookups), 2);
+}

@@ -127,6 +127,22 @@ impl DiskTier {
         KeyArg::extract(keys)?.run(py, |k| Ok(self.jobs.lookup_prefix(k)))
     }
 
+    /// Takes `keys` into the index as just used, without I/O (written through another handle).
+    fn note_present(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        KeyArg::extract(keys)?.run(py, |k| {
+            self.jobs.note_present(k);
+            Ok(())
+        })
+    }
+
+    /// Drops `keys` from the index, without I/O (a load through another handle missed them).
+    fn note_missing(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        KeyArg::extract(keys)?.run(py, |k| {
+            self.jobs.note_missing(k);
+            Ok(())
+        })
+    }
+
     fn submit_store(
         &self,
         py: Python<'_>,
