@@ -72,7 +72,7 @@ def remote_clients(rig: Any) -> list[Any]:
     if hasattr(conn, "connector_scheduler"):
         (tier,) = conn.connector_scheduler.manager.secondary_tiers
         return [tier._client, tier._lookup_client]
-    return [conn._sched()._lookup_client, rig.worker._worker().remote.client]
+    return [conn._sched()._lookup_clients[0], rig.worker._worker().tiers[0].client]
 
 
 def one_step_io(rig: Any) -> None:

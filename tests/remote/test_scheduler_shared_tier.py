@@ -452,15 +452,14 @@ def test_has_work_until_lookups_promotions_and_cascades_have_all_ended(redis):
 def test_chunks_held_by_their_write_are_hit_while_another_load_is_in_flight(redis):
     """A cascade holds the chunks it writes, but that is not a load: a request that hits them
     while some other request's load is in flight is not sent to ask again."""
-    from kvoffload.scheduler import OffloadConfig, OffloadScheduler, RequestUpdate
+    from kvoffload.scheduler import OffloadConfig, OffloadScheduler, RequestUpdate, TierLink
     from sched_driver import TPB, block_hashes
 
     config = OffloadConfig.from_dict(
         {"tokens_per_block": TPB, "blocks_per_chunk": 3, "cpu_bytes_to_use": 1 << 20}
     )
-    sched = OffloadScheduler(
-        config, CpuStore(16), remote=RemoteLookups(remote_client(redis.url)), world_size=1
-    )
+    link = TierLink(RemoteLookups(remote_client(redis.url)))
+    sched = OffloadScheduler(config, CpuStore(16), secondary_tiers=[link], world_size=1)
 
     def stored(rid: str, tokens: list[int]) -> None:
         sched.add_request(rid, len(tokens))

@@ -56,7 +56,7 @@ def store_counts(rig: Rig) -> tuple[int, int, int]:
 
 
 def shard_io(rig: Rig):
-    return rig.worker._worker().remote
+    return rig.worker._worker().tiers[0]
 
 
 def chunk_keys(server: RedisServer) -> list[bytes]:
@@ -170,7 +170,7 @@ def tp_engine(model_dir: str, url: str, is_async: bool = False, **rig: object) -
 
 def shard_keys(server: RedisServer, rig: Rig, shard: int) -> list[bytes]:
     """The Redis keys of one shard of every chunk (under that shard's namespace digest)."""
-    digest = b"}" + rig.connector._sched().settings.shard_digest(shard) + b":"
+    digest = b"}" + rig.connector._sched().settings.tiers[0].shard_digest(shard) + b":"
     return [k for k in chunk_keys(server) if digest in k]
 
 
@@ -381,8 +381,8 @@ def test_an_abort_while_promoting_leaves_nothing_pending(model_dir, redis, is_as
 def test_no_secondary_tier_asks_nothing_remote(model_dir):
     rig = make_rig(model_dir)
     serve(rig, "a", PROMPT)
-    assert rig.worker._worker().remote is None
-    assert rig.connector._sched().scheduler.shared_tier is None
+    assert rig.worker._worker().tiers == []
+    assert rig.connector._sched().scheduler.secondary_tiers == ()
     assert stats(rig).remote_lookups == 0
 
 
@@ -391,7 +391,7 @@ def test_no_secondary_tier_asks_nothing_remote(model_dir):
 
 def until_up(rig: Rig) -> None:
     """Waits out the breakers' cool-down (the next job then probes the server)."""
-    clients = [rig.connector._sched()._lookup_client, shard_io(rig).client]
+    clients = [rig.connector._sched()._lookup_clients[0], shard_io(rig).client]
     deadline = time.monotonic() + 30
     while any(c.state == "down" for c in clients):
         assert time.monotonic() < deadline, "a breaker never left 'down'"
@@ -505,7 +505,7 @@ def test_writes_wait_while_half_the_cpu_tier_is_pinned_by_writes(model_dir, redi
         ("redis://x", "secondary_tiers is a str"),
         ([], "secondary_tiers is an empty list"),
         ({"url": "redis://u:hunter2@h:1/0"}, "secondary_tiers is a dict"),
-        ([entry("redis://127.0.0.1:1/0"), entry("redis://127.0.0.1:2/0")], "has 2 entries"),
+        ([entry(f"redis://127.0.0.1:{i}/0") for i in range(1, 6)], "has 5 entries"),
         (["redis://x"], "must be a dict"),
         ([{**entry("redis://127.0.0.1:1/0"), "type": "CPUTier"}], "type='CPUTier'"),
         ([{**entry("redis://127.0.0.1:1/0"), "module_path": "x.y"}], "module_path='x.y'"),
@@ -542,7 +542,7 @@ def test_a_request_that_skips_the_prefix_cache_asks_nothing(model_dir, redis):
 def test_a_tier_known_down_is_a_miss_without_waiting(model_dir):
     url = f"redis://127.0.0.1:{free_port()}/0"
     rig = engine(model_dir, url, connect_timeout_s=0.2, breaker_cooldown_s=600)
-    assert rig.connector._sched()._lookup_client.state == "down"
+    assert rig.connector._sched()._lookup_clients[0].state == "down"
     serve(rig, "a", PROMPT)
     s = stats(rig)
     assert (s.remote_lookups, s.deferred_lookups) == (0, 0)

@@ -2,11 +2,13 @@
 
 `DiskTierConfig` reads a `secondary_tiers` entry and `DiskClient` runs store and load jobs on the
 Rust data path (`rust/kvoffload-disk`): one checked file per chunk, written atomically, with an
-index that answers lookups without I/O and holds `capacity_bytes`. The vLLM seam is
-`kvoffload.vllm.DiskTier` (vLLM's tiering).
+index that answers lookups without I/O and holds `capacity_bytes`; `DiskLookups` is the
+scheduler's view of it (a link of `secondary_tiers` in `OffloadScheduler`). The vLLM seams are
+`kvoffload.vllm.DiskTier` (vLLM's tiering) and `KVOffloadConnector`'s `secondary_tiers`.
 """
 
 from kvoffload.disk.client import DiskClient
-from kvoffload.disk.config import DiskTierConfig
+from kvoffload.disk.config import DRAIN_TIMEOUT_S, DiskTierConfig
+from kvoffload.disk.lookups import DiskLookups
 
-__all__ = ["DiskClient", "DiskTierConfig"]
+__all__ = ["DRAIN_TIMEOUT_S", "DiskClient", "DiskLookups", "DiskTierConfig"]

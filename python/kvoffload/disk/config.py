@@ -11,6 +11,8 @@ from kvoffload.errors import ConfigError
 # Keys vLLM's tier factory reads (or passes on) itself: not ours, not unknown either.
 _VLLM_KEYS = frozenset({"type", "module_path", "backpressure", "locality"})
 _DIRECT_IO = ("auto", "on", "off")
+DRAIN_TIMEOUT_S = 60.0
+"""How long a shutdown waits for the disk I/O in flight (a hung mount fails it then)."""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,10 @@ class RemoteLookups:
         """Keys a load failed on count as missing until their requests finish."""
         self._table.mark_miss(list(keys))
 
+    def mark_stored(self, keys: Iterable[bytes]) -> None:
+        """Nothing to note: verdicts are per request, and a later request asks the server (which
+        may have evicted them meanwhile)."""
+
     def cleanup(self, request: str) -> None:
         """Drops a finished request's interest; a check still in flight stays until it lands."""
         self._table.cleanup(request)

@@ -1,33 +1,46 @@
-"""`ShardIO`: one worker's shard of every chunk, moved between its CPU slots and the shared tier.
+"""`ShardIO`: one worker's shard of every chunk, moved between its CPU slots and one secondary
+tier (a shared Redis tier, or a disk).
 
 Each worker holds its own part of each chunk (its TP/PP rank's layers and heads) in its own pool,
 so each writes and reads that part under a digest of its own rank: no bytes cross between
-workers, and a chunk is whole in the shared tier only when every rank's shard is there.
+workers, and a chunk is whole in a tier only when every rank's shard is there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from kvoffload.remote.client import EXISTS, OK, RemoteClient
+from kvoffload.remote.client import EXISTS, OK, Completion
 
 IntArray = npt.NDArray[np.int64]
 _WRITTEN = np.array([OK, EXISTS], dtype=np.uint8)
 """Statuses of a shard that is in the tier after a write (ours, or another writer's first)."""
 
 
+class DataPath(Protocol):
+    """What `kvoffload.remote.RemoteClient` and `kvoffload.disk.DiskClient` offer."""
+
+    def store(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int: ...
+    def load(self, keys: Sequence[bytes], buffer: Any, offsets: Sequence[int]) -> int: ...
+    def poll(self) -> list[Completion]: ...
+    def drain(self, timeout_s: float) -> list[Completion]: ...
+    def close(self) -> None: ...
+    @property
+    def last_error(self) -> str | None: ...
+
+
 class ShardIO:
-    """Promotions (shared tier -> slots) and cascades (slots -> shared tier) over `buffer`, the
-    pool's memory, where slot `s` starts at byte `slot_offsets(s)`. Every call only submits or
-    polls: the I/O runs on the Rust data path's threads."""
+    """Promotions (tier -> slots) and cascades (slots -> tier) over `buffer`, the pool's memory,
+    where slot `s` starts at byte `slot_offsets(s)`. Every call only submits or polls: the I/O
+    runs on the Rust data path's threads."""
 
     def __init__(
         self,
-        client: RemoteClient,
+        client: DataPath,
         buffer: Any,
         slot_offsets: Callable[[IntArray], IntArray],
     ) -> None:
@@ -40,7 +53,7 @@ class ShardIO:
         self._done_cascades: dict[int, tuple[int, bytes]] = {}
 
     def promote(self, job_id: int, keys: Sequence[bytes], slots: IntArray) -> None:
-        """Fills `slots` from the shared tier."""
+        """Fills `slots` from the tier."""
         try:
             rust_job = self.client.load(list(keys), self._buffer, self._offsets(slots).tolist())
         except ValueError:  # a slot outside the pool: the job fails, nothing is touched
@@ -49,7 +62,7 @@ class ShardIO:
         self._promotions[rust_job] = job_id
 
     def cascade(self, job_id: int, keys: Sequence[bytes], slots: IntArray) -> None:
-        """Writes `slots` on to the shared tier (each key only if it is absent there)."""
+        """Writes `slots` on to the tier (each key only if it is absent there)."""
         try:
             rust_job = self.client.store(list(keys), self._buffer, self._offsets(slots).tolist())
         except ValueError:
@@ -80,7 +93,7 @@ class ShardIO:
         return bool(self._promotions or self._cascades)
 
     def close(self, timeout_s: float) -> None:
-        """Lets the jobs in flight end (each by its deadline), then closes the connections."""
+        """Lets the jobs in flight end (each by its deadline), then closes the data path."""
         if self.busy:
             self.client.drain(timeout_s)
         self.client.close()

@@ -15,6 +15,7 @@ from kvoffload.scheduler.jobs import (
     StoreJob,
 )
 from kvoffload.scheduler.scheduler import OffloadScheduler
+from kvoffload.scheduler.shared_tier import TierLink
 from kvoffload.scheduler.stats import SchedulerStats
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "StateBlock",
     "StepPlan",
     "StoreJob",
+    "TierLink",
 ]

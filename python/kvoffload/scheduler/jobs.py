@@ -57,13 +57,15 @@ class LoadJob:
 
 @dataclass(slots=True)
 class RemoteJob:
-    """A transfer between CPU slots and the shared tier, `keys[i]` <-> `slots[i]`, each worker its
-    own shard of every chunk. A promotion fills the slots (its keys are pending in the CPU tier
-    until every worker has reported); a cascade writes them on (they are held until then)."""
+    """A transfer between CPU slots and secondary tier `tier` (its place in the chain), `keys[i]`
+    <-> `slots[i]`, each worker its own shard of every chunk. A promotion fills the slots (its
+    keys are pending in the CPU tier until every worker has reported); a cascade writes them on
+    (they are held until then)."""
 
     job_id: int
     keys: KeyList
     slots: IntArray
+    tier: int = 0
 
 
 @dataclass(slots=True)

@@ -80,11 +80,13 @@ class OneGroupPlanner:
         if pending:
             ctx.stats.deferred_lookups += 1
             return None
-        shared = ctx.shared_tier
-        if shared is not None and req.load_remote and first + hits < end:
-            if shared.promote(req.request_id, req.keys, first, first + hits, end, ctx.rank(req)):
-                ctx.stats.deferred_lookups += 1
-                return None
+        if first + hits < end:
+            # The chain in order: the first tier that promotes, or is still being asked, ends
+            # this lookup; the next ones are asked once it has nothing more.
+            for tier in req.load_tiers:
+                if tier.promote(req.request_id, req.keys, first, first + hits, end, ctx.rank(req)):
+                    ctx.stats.deferred_lookups += 1
+                    return None
         loadable = _rust.loadable_tokens(window, hits, num_local, tpc)
         if loadable and ctx.loads_in_flight:
             # Chunks another request is loading now will be GPU prefix-cache hits once that load

@@ -35,8 +35,8 @@ class Request:
     finished: bool = False
     rank: int | None = None
     """The request's place in the store's LRU order, drawn at its first store or load."""
-    load_remote: bool = True
-    """Its `kv_load_tiers` let it load from the shared tier."""
+    load_tiers: tuple[SharedTier, ...] = ()
+    """The secondary tiers its `kv_load_tiers` let it load from, in lookup order."""
     groups: list[GroupState] | None = None
     """With several KV-cache groups (or a window group): each group's keys, table and store
     frontier, in place of `keys`, `block_ids` and `stored_chunks`."""
@@ -69,13 +69,11 @@ class Context:
     """The scheduler's state the planners read and change: the store, the counters and the
     jobs in flight."""
 
-    def __init__(
-        self, config: OffloadConfig, store: CpuStore, shared_tier: SharedTier | None
-    ) -> None:
+    def __init__(self, config: OffloadConfig, store: CpuStore) -> None:
         self.config = config
         self.store = store
         self.stats = SchedulerStats()
-        self.shared_tier = shared_tier
+        self.secondary_tiers: tuple[SharedTier, ...] = ()
         self.requests: dict[str, Request] = {}
         self.jobs: dict[int, InFlight] = {}
         self.loads_in_flight = 0

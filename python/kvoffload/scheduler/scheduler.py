@@ -4,8 +4,8 @@ Engine-agnostic: it speaks in request ids, token counts, block hashes and GPU bl
 adapter translates. The call order for one request:
 
 1. `add_request` when it arrives (parses its `kv_transfer_params` caps);
-2. `lookup` when the engine considers scheduling it (may repeat; pins nothing, but with a shared
-   tier it may start a promotion, which reserves CPU slots);
+2. `lookup` when the engine considers scheduling it (may repeat; pins nothing, but with
+   secondary tiers it may start a promotion, which reserves CPU slots);
 3. `on_allocated` with its GPU block table once scheduled → the `LoadJob`, if any;
 4. `plan_step` once each engine step is scheduled, before its forward pass → `StoreJob`s, and the
    in-flight jobs to wait for before the forward pass overwrites a reallocated block;
@@ -19,6 +19,7 @@ make room for stores or promotions).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from kvoffload.scheduler.jobs import (
     FinishPlan,
     JobResult,
     LoadJob,
+    RemoteJob,
     RequestUpdate,
     StateBlock,
     StepPlan,
@@ -48,7 +50,7 @@ from kvoffload.scheduler.params import (
 )
 from kvoffload.scheduler.planner import CheckedUpdate, Context, Planner, Request
 from kvoffload.scheduler.several_groups import SeveralGroupsPlanner
-from kvoffload.scheduler.shared_tier import Lookups, SharedTier
+from kvoffload.scheduler.shared_tier import SharedTier, TierLink
 from kvoffload.scheduler.stats import SchedulerStats
 from kvoffload.store import CpuStore
 
@@ -62,17 +64,17 @@ class OffloadScheduler:
         store: CpuStore,
         *,
         bytes_per_chunk: int = 0,
-        remote: Lookups | None = None,
+        secondary_tiers: Sequence[TierLink] = (),
         world_size: int = 1,
-        remote_writers: int | None = None,
-        remote_locality: str = "REMOTE",
+        writers: int | None = None,
         groups: Sequence[KVGroup] | None = None,
         retention_interval: int | None = 0,
     ) -> None:
         """`bytes_per_chunk` (all workers together) only feeds the byte counters of the stats.
-        With `remote` (a `RemoteLookups`), a shared tier of `remote_locality` stands behind the
-        CPU tier, read by `world_size` workers and written by `remote_writers` of them (default:
-        all; see `SharedTier`).
+        `secondary_tiers` stand behind the CPU tier in lookup order (a chain: CPU -> first ->
+        second ...), each read by `world_size` workers and written by `writers` of them
+        (default: all; see `SharedTier`): a lookup asks them in order for the rest of the prefix,
+        and every chunk whose CPU-tier store completes is written on to each of them.
 
         `groups` are the model's KV-cache groups (default: one full-attention group). With more,
         or a window group, block tables and new blocks are given per group, and
@@ -88,27 +90,28 @@ class OffloadScheduler:
             retention_interval=retention_interval,
         )
         several = groups not in (None, (KVGroup(),))
-        if several and remote is not None:
-            raise ValueError(
-                "a shared tier (remote) is not supported with several KV-cache groups yet"
-            )
+        if several and secondary_tiers:
+            raise ValueError("secondary tiers are not supported with several KV-cache groups yet")
         self.store = store
         self.bytes_per_chunk = bytes_per_chunk
-        ctx = self._ctx = Context(config, store, None)
+        ctx = self._ctx = Context(config, store)
         self._requests = ctx.requests
         self._jobs = ctx.jobs
         self._stats = ctx.stats
-        self.shared_tier = ctx.shared_tier = (
-            None
-            if remote is None
-            else SharedTier(
+        job_ids = itertools.count()
+        self.secondary_tiers = ctx.secondary_tiers = tuple(
+            SharedTier(
                 store,
-                remote,
+                link.lookups,
                 ctx.stats,
                 world_size=world_size,
-                writers=remote_writers,
-                locality=remote_locality,
+                writers=writers,
+                medium=link.medium,
+                locality=link.locality,
+                tier=i,
+                job_ids=job_ids,
             )
+            for i, link in enumerate(secondary_tiers)
         )
         self._several = SeveralGroupsPlanner(ctx, hybrid) if several else None
         self._planner: Planner = self._several or OneGroupPlanner(ctx)
@@ -121,10 +124,9 @@ class OffloadScheduler:
         *,
         enable_events: bool = False,
         usable_slots: int | None = None,
-        remote: Lookups | None = None,
+        secondary_tiers: Sequence[TierLink] = (),
         world_size: int = 1,
-        remote_writers: int | None = None,
-        remote_locality: str = "REMOTE",
+        writers: int | None = None,
         groups: Sequence[KVGroup] | None = None,
         retention_interval: int | None = 0,
     ) -> OffloadScheduler:
@@ -140,10 +142,9 @@ class OffloadScheduler:
             config,
             store,
             bytes_per_chunk=bytes_per_chunk,
-            remote=remote,
+            secondary_tiers=secondary_tiers,
             world_size=world_size,
-            remote_writers=remote_writers,
-            remote_locality=remote_locality,
+            writers=writers,
             groups=groups,
             retention_interval=retention_interval,
         )
@@ -176,11 +177,10 @@ class OffloadScheduler:
             num_tokens=num_prompt_tokens,
             groups=self._planner.new_groups(),
         )
-        if self.shared_tier is not None:
+        if self.secondary_tiers:
             tiers = parse_load_tiers(request_id, kv_transfer_params, ignored)
-            shared = self.shared_tier
-            self._requests[request_id].load_remote = tier_allowed(
-                tiers, shared.medium, shared.locality
+            self._requests[request_id].load_tiers = tuple(
+                t for t in self.secondary_tiers if tier_allowed(tiers, t.medium, t.locality)
             )
 
     def lookup(
@@ -279,9 +279,12 @@ class OffloadScheduler:
             raise ValueError(f"updates name a request twice: {sorted(ids)}")
         states = [self._check_state(b) for b in state_blocks]
         flush = planner.flush(reallocated)
-        promotions, cascades = (
-            ([], []) if self.shared_tier is None else self.shared_tier.take_jobs()
-        )
+        promotions: list[RemoteJob] = []
+        cascades: list[RemoteJob] = []
+        for tier in self.secondary_tiers:
+            tier_promotions, tier_cascades = tier.take_jobs()
+            promotions += tier_promotions
+            cascades += tier_cascades
         jobs: list[StoreJob] = []
         if states:
             assert self._several is not None  # one group has no state groups to name
@@ -333,8 +336,8 @@ class OffloadScheduler:
             # Refresh recency once per request, in prefix order, so its head outlives its tail.
             self._planner.touch_finished(req)
             req.finished = True
-            if self.shared_tier is not None:
-                self.shared_tier.finish_request(req.request_id)
+            for tier in self.secondary_tiers:
+                tier.finish_request(req.request_id)
             if not req.jobs:
                 del self._requests[req.request_id]
             # A preempted request holds no GPU blocks: its jobs were flushed before they were
@@ -370,8 +373,8 @@ class OffloadScheduler:
             if success:
                 self._stats.chunks_stored += n
                 self._stats.bytes_stored += n * self.bytes_per_chunk
-                if self.shared_tier is not None:
-                    self.shared_tier.stored(job.keys)
+                for tier in self.secondary_tiers:
+                    tier.stored(job.keys)
             else:
                 self._stats.store_failures += 1
         else:
@@ -414,10 +417,17 @@ class OffloadScheduler:
         req = self._requests.get(request_id)
         return req is not None and any(self._jobs[j].kind == "load" for j in req.jobs)
 
+    def secondary_tier_of(self, job_id: int) -> SharedTier:
+        """The secondary tier whose promotion or cascade `job_id` is (still open)."""
+        for tier in self.secondary_tiers:
+            if tier.owns(job_id):
+                return tier
+        raise ValueError(f"job_id={job_id!r} is no open job of a secondary tier")
+
     @property
     def has_jobs_in_flight(self) -> bool:
-        """Copies, or shared-tier jobs and lookups, not yet reported."""
-        return bool(self._jobs) or (self.shared_tier is not None and self.shared_tier.has_work)
+        """Copies, or secondary-tier jobs and lookups, not yet reported."""
+        return bool(self._jobs) or any(t.has_work for t in self.secondary_tiers)
 
     def stats(self) -> SchedulerStats:
         """A snapshot of the counters."""

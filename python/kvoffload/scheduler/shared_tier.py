@@ -1,19 +1,22 @@
-"""`SharedTier`: the scheduler's half of a shared (remote) tier behind the CPU tier.
+"""`SharedTier`: the scheduler's half of one secondary tier behind the CPU tier (a shared Redis
+tier, or a disk); a chain of them is asked in order.
 
-A lookup that runs past the CPU tier's ready prefix asks the shared tier, without blocking
-(`RemoteLookups`: "ask again" until the server has answered). The leading run of remote hits is
-promoted: reserved as pending CPU-tier entries (neither evictable nor loadable) that the workers
-fill, each its own shard; the request asks again until they are ready and then loads them as any
-CPU hit, so every seed control and the load path stay those of the CPU tier. A chunk that arrived
-on every worker becomes ready; one that did not is dropped and counts as a remote miss from then
-on. Chunks whose CPU-tier store completed are written on (cascaded), held in the CPU tier
-(`CpuStore.hold_for_write`: not evictable, yet not a load in flight) until every worker's write
-has ended, so no slot is reused while a write reads it.
+A lookup that runs past the CPU tier's ready prefix asks the tier, without blocking
+(`RemoteLookups`: "ask again" until the server has answered; `DiskLookups`: at once). The leading
+run of hits is promoted: reserved as pending CPU-tier entries (neither evictable nor loadable) that
+the workers fill, each its own shard; the request asks again until they are ready and then loads
+them as any CPU hit, so every seed control and the load path stay those of the CPU tier. A chunk
+that arrived on every worker becomes ready; one that did not is dropped and counts as a remote miss
+from then on. Chunks whose CPU-tier store completed are written on (cascaded), held in the CPU tier
+(`CpuStore.hold_for_write`: not evictable, yet not a load in flight) until every worker's write has
+ended, so no slot is reused while a write reads it.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,15 +30,26 @@ _READY = int(KeyStatus.READY)  # an enum member read per key costs more than the
 
 
 class Lookups(Protocol):
-    """What `kvoffload.remote.RemoteLookups` offers."""
+    """What `kvoffload.remote.RemoteLookups` and `kvoffload.disk.DiskLookups` offer."""
 
     def lookup_prefix(self, keys: KeyRange, request: str) -> tuple[int, bool]: ...
     def flush(self) -> None: ...
     def mark_miss(self, keys: list[bytes]) -> None: ...
+    def mark_stored(self, keys: list[bytes]) -> None: ...
     def cleanup(self, request: str) -> None: ...
     def in_flight(self) -> int: ...
     @property
     def down(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class TierLink:
+    """One secondary tier as the scheduler sees it: its lookups, and the medium and locality a
+    request's `kv_load_tiers` filters by."""
+
+    lookups: Lookups
+    locality: str = "REMOTE"
+    medium: str = "STORAGE"
 
 
 @dataclass
@@ -59,7 +73,8 @@ class SharedTier:
     server never fills the CPU tier with holds: the rest wait in a backlog of at most
     `num_slots` keys, and a chunk evicted from the CPU tier before its turn, or pushed out of a
     full backlog, is not written (counted in `remote_writes_dropped`); GPU stores are never held
-    back."""
+    back. In a chain, `tier` is its place (0: right behind the CPU tier) and `job_ids` the
+    chain's one counter, so that a job id names one job of one tier."""
 
     def __init__(
         self,
@@ -72,16 +87,19 @@ class SharedTier:
         medium: str = "STORAGE",
         locality: str = "REMOTE",
         max_cascade_slots: int | None = None,
+        tier: int = 0,
+        job_ids: Iterator[int] | None = None,
     ) -> None:
         self.store = store
         self.lookups = lookups
+        self.tier = tier
+        self._job_ids = itertools.count() if job_ids is None else job_ids
         self.world_size = world_size
         self.writers = world_size if writers is None else writers
         self.medium = medium
         self.locality = locality
         self._max_cascade_slots = max_cascade_slots
         self._stats = stats
-        self._next_id = 0
         self._promotions: dict[int, _Job] = {}
         self._cascades: dict[int, _Job] = {}
         self._cascading_slots = 0
@@ -98,10 +116,14 @@ class SharedTier:
             return self._max_cascade_slots
         return max(1, self.store.usable_slots // 2)
 
+    def owns(self, job_id: int) -> bool:
+        """Whether `job_id` is one of this tier's jobs still open."""
+        return job_id in self._promotions or job_id in self._cascades
+
     def promote(
         self, request_id: str, keys: KeyList, first: int, start: int, end: int, rank: int
     ) -> bool:
-        """Looks `keys[start:end]` up in the shared tier (the CPU tier has `keys[first:start]`
+        """Looks `keys[start:end]` up in the tier (the CPU tier has `keys[first:start]`
         ready and not `keys[start]`) and promotes its leading run of hits. True: ask again (a
         promotion started, or an answer is still out); False: the shared tier adds nothing now."""
         if self.lookups.down:
@@ -178,9 +200,10 @@ class SharedTier:
             return
         del self._cascades[job_id]
         assert job.ok is not None
-        if self._events is not None:
-            keys = job.keys.to_list()
-            self._event("stored", [k for k, good in zip(keys, job.ok, strict=True) if good])
+        keys = job.keys.to_list()
+        written_on = [k for k, good in zip(keys, job.ok, strict=True) if good]
+        self.lookups.mark_stored(written_on)
+        self._event("stored", written_on)
         self.store.release_write(job.keys)
         self._cascading_slots -= len(job.keys)
         self._drain_backlog()
@@ -238,7 +261,6 @@ class SharedTier:
         )
 
     def _open(self, jobs: dict[int, _Job], keys: KeyList, slots: np.ndarray) -> RemoteJob:
-        job_id = self._next_id
-        self._next_id += 1
+        job_id = next(self._job_ids)
         jobs[job_id] = _Job(keys)
-        return RemoteJob(job_id, keys, np.asarray(slots, dtype=np.int64))
+        return RemoteJob(job_id, keys, np.asarray(slots, dtype=np.int64), self.tier)

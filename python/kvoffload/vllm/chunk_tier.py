@@ -7,15 +7,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent, OffloadKey
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
+from kvoffload.disk import DRAIN_TIMEOUT_S
 from kvoffload.errors import ConfigError
 from kvoffload.remote import CORRUPT, EXISTS, FAILED, OK, TierIdentity
+from kvoffload.remote.shard import DataPath
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -27,17 +29,6 @@ _WARN_EVERY_S = 10.0
 # A drain gives up on jobs still out after this many rounds of `_drain_timeout` (a hung mount):
 # they are reported failed, so shutdown never hangs.
 _DRAIN_ROUNDS = 3
-
-
-class DataPath(Protocol):
-    """What `kvoffload.remote.RemoteClient` and `kvoffload.disk.DiskClient` offer."""
-
-    def store(self, keys: list[bytes], buffer: Any, offsets: list[int]) -> int: ...
-    def load(self, keys: list[bytes], buffer: Any, offsets: list[int]) -> int: ...
-    def poll(self) -> list[tuple[int, bytes]]: ...
-    def drain(self, timeout_s: float) -> list[tuple[int, bytes]]: ...
-    @property
-    def last_error(self) -> str | None: ...
 
 
 class ChunkTier(SecondaryTierManager):
@@ -128,7 +119,7 @@ class ChunkTier(SecondaryTierManager):
             self._jobs.clear()
 
     def _drain_timeout(self) -> float:
-        return 60.0
+        return DRAIN_TIMEOUT_S
 
     def _describe(self) -> str:
         """The tier in log lines."""

@@ -12,6 +12,7 @@ from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 from vllm.v1.request import RequestStatus
 
+from kvoffload.disk import DiskLookups, DiskTierConfig
 from kvoffload.remote import NodeReport, RemoteClient, RemoteLookups, SeedCanary
 from kvoffload.scheduler import (
     BlockSet,
@@ -20,7 +21,9 @@ from kvoffload.scheduler import (
     RequestUpdate,
     SchedulerStats,
     StateBlock,
+    TierLink,
 )
+from kvoffload.scheduler.shared_tier import Lookups
 from kvoffload.store import StoreEvent
 from kvoffload.vllm.metadata import (
     KVOffloadHandshakeMetadata,
@@ -29,6 +32,7 @@ from kvoffload.vllm.metadata import (
 )
 from kvoffload.vllm.settings import ConnectorSettings
 from kvoffload.vllm.stats import NODES, KVOffloadStats, stats_delta
+from kvoffload.vllm.tiers import TierSettings
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -44,39 +48,20 @@ _GROUP_SUFFIX = 4  # a key is the chunk's last block hash + the 4-byte KV-group 
 class SchedulerSide:
     def __init__(self, settings: ConnectorSettings) -> None:
         self.settings = settings
-        self._lookup_client: RemoteClient | None = None
-        self._nodes: NodeReport | None = None
-        self._canary: SeedCanary | None = None
-        lookups = None
-        if settings.remote is not None:
-            # A chunk counts only when every rank's shard is there: one evicted on any rank is a
-            # miss here, not a promotion that fails on that rank and is recomputed.
-            self._lookup_client = RemoteClient(
-                settings.remote,
-                settings.shard_digest(0),
-                settings.worker_block_bytes * settings.config.blocks_per_chunk,
-                connections=1,
-                lookup_digests=[settings.shard_digest(r) for r in range(settings.num_shards)],
-            )
-            lookups = RemoteLookups(self._lookup_client)
-            self._nodes = NodeReport(self._lookup_client)
-            self._canary = SeedCanary(self._lookup_client, logger)
-            if self._lookup_client.startup_error is not None:
-                logger.warning(
-                    "kvoffload: shared tier %s is unreachable (%s): the engine serves from the "
-                    "CPU tier and retries in the background",
-                    settings.remote.masked_url,
-                    self._lookup_client.startup_error,
-                )
+        self._lookup_clients: list[RemoteClient] = []
+        """Each Redis tier's lookup connection, in chain order."""
+        self._canaries: list[SeedCanary] = []
+        self._disk_lookups: list[DiskLookups] = []
+        links = [TierLink(self._lookups(tier), tier.locality) for tier in settings.tiers]
+        self._nodes = NodeReport(*self._lookup_clients)
         self.scheduler = OffloadScheduler.create(
             settings.config,
             settings.bytes_per_chunk,
             usable_slots=0 if settings.pinning.in_background else None,
             enable_events=settings.enable_events,
-            remote=lookups,
+            secondary_tiers=links,
             world_size=settings.world_size,
-            remote_writers=settings.num_shards,
-            remote_locality=settings.remote_locality,
+            writers=settings.num_shards,
             groups=settings.groups if settings.hybrid else None,
             retention_interval=settings.retention_interval,
         )
@@ -104,18 +89,45 @@ class SchedulerSide:
         self._said_bad_report = False
         logger.info(
             "kvoffload: %d CPU-tier slots of %d tokens (%d bytes over %d workers), policy %s, "
-            "offload_prompt_only=%s, shared tier %s%s",
+            "offload_prompt_only=%s, secondary tiers: %s%s",
             settings.num_slots,
             settings.config.tokens_per_chunk,
             settings.bytes_per_chunk,
             settings.world_size,
             settings.config.eviction_policy,
             settings.config.offload_prompt_only,
-            "none" if settings.remote is None else settings.remote.masked_url,
+            " -> ".join(f"{t.kind} {t.where} ({t.locality})" for t in settings.tiers) or "none",
             f" ({settings.num_shards} shard(s) per chunk, KV replicated over TP ranks)"
-            if settings.remote is not None and settings.replicated
+            if settings.tiers and settings.replicated
             else "",
         )
+
+    def _lookups(self, tier: TierSettings) -> Lookups:
+        """The scheduler's lookups against one secondary tier, on connections of their own."""
+        settings = self.settings
+        if isinstance(tier.config, DiskTierConfig):
+            disk = DiskLookups.open(tier.config, tier.shard_digest(0), settings.chunk_bytes)
+            self._disk_lookups.append(disk)
+            return disk
+        # A chunk counts only when every rank's shard is there: one evicted on any rank is a
+        # miss here, not a promotion that fails on that rank and is recomputed.
+        client = RemoteClient(
+            tier.config,
+            tier.shard_digest(0),
+            settings.chunk_bytes,
+            connections=1,
+            lookup_digests=[tier.shard_digest(r) for r in range(settings.num_shards)],
+        )
+        self._lookup_clients.append(client)
+        self._canaries.append(SeedCanary(client, logger))
+        if client.startup_error is not None:
+            logger.warning(
+                "kvoffload: shared tier %s is unreachable (%s): the engine serves from the "
+                "other tiers and retries in the background",
+                tier.where,
+                client.startup_error,
+            )
+        return RemoteLookups(client)
 
     def on_new_request(self, request: Request) -> None:
         rid = request.request_id
@@ -216,11 +228,12 @@ class SchedulerSide:
             cascades=step.cascade_jobs,
         )
         self._loads, self._held = [], []
-        if self._canary is not None and not self._canary.started:
+        if self._canaries and not self._canaries[0].started:
             # vLLM sets NONE_HASH after it builds the connector: checked at the first step.
             none_hash = getattr(kv_cache_utils, "NONE_HASH", None)
             if none_hash is not None:
-                self._canary.start(bytes(none_hash))
+                for canary in self._canaries:
+                    canary.start(bytes(none_hash))
         return meta
 
     def _state_blocks(self, scheduler_output: SchedulerOutput) -> list[StateBlock]:
@@ -250,13 +263,12 @@ class SchedulerSide:
         self._reports = KVOffloadWorkerMetadata(reports)
         if meta.usable_slots:
             self._grow(meta.usable_slots)
-        shared = self.scheduler.shared_tier
-        if shared is not None:
-            # The shared tier counts the workers' reports of its jobs itself.
-            for job_id, (count, ok_keys) in meta.promoted.items():
-                shared.promoted(job_id, count, ok_keys)
-            for job_id, (count, written, in_tier) in meta.cascaded.items():
-                shared.cascaded(job_id, count, written, in_tier)
+        # Each secondary tier counts the workers' reports of its jobs itself.
+        tier_of = self.scheduler.secondary_tier_of
+        for job_id, (count, ok_keys) in meta.promoted.items():
+            tier_of(job_id).promoted(job_id, count, ok_keys)
+        for job_id, (count, written, in_tier) in meta.cascaded.items():
+            tier_of(job_id).cascaded(job_id, count, written, in_tier)
 
     def on_handshake(self, metadata: Iterable[object]) -> None:
         """Each worker's ready slots, once its KV caches are registered: the first step plans
@@ -334,12 +346,11 @@ class SchedulerSide:
         return hold
 
     def take_events(self) -> Iterator[KVCacheEvent]:
-        """The CPU tier's events, then the shared tier's (its medium and locality): chunks every
-        writer put there, and chunks whose promotion failed (a miss here for a while)."""
+        """The CPU tier's events, then each secondary tier's (its medium and locality): chunks
+        every writer put there, and chunks whose promotion failed (a miss here for a while)."""
         yield from _events(self.scheduler.store.take_events(), "CPU", None)
-        shared = self.scheduler.shared_tier
-        if shared is not None:
-            yield from _events(shared.take_events(), shared.medium, shared.locality)
+        for tier in self.scheduler.secondary_tiers:
+            yield from _events(tier.take_events(), tier.medium, tier.locality)
 
     def get_stats(self) -> KVOffloadStats | None:
         now = self.scheduler.stats()
@@ -352,7 +363,7 @@ class SchedulerSide:
             delta["cpu_tier_usable_bytes"] = store.usable_slots * self.settings.bytes_per_chunk
             delta["cpu_tier_ready_ratio"] = store.usable_slots / store.num_slots
         stats = KVOffloadStats(data=delta)
-        nodes = None if self._nodes is None else self._nodes.take()
+        nodes = self._nodes.take()
         if nodes:  # the lookups' failures; the workers report what they moved
             stats.data[NODES] = nodes
         return None if stats.is_empty() else stats
@@ -371,10 +382,12 @@ class SchedulerSide:
         return self.scheduler.has_jobs_in_flight
 
     def shutdown(self) -> None:
-        if self._lookup_client is not None:
-            assert self._canary is not None
-            self._canary.join()
-            self._lookup_client.close()
+        for canary in self._canaries:
+            canary.join()
+        for client in self._lookup_clients:
+            client.close()
+        for disk in self._disk_lookups:
+            disk.close()
 
 
 def _events(

@@ -3,15 +3,14 @@ every worker so that both agree on the number of CPU-tier slots."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvoffload.errors import ConfigError, NotSupportedError
-from kvoffload.remote import RemoteTierConfig, TierIdentity
+from kvoffload.remote import TierIdentity
 from kvoffload.scheduler import KVGroup, OffloadConfig
 from kvoffload.vllm.pinning import Pinning
+from kvoffload.vllm.tiers import TierSettings, parse_entries
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -27,11 +26,8 @@ class ConnectorSettings:
     """Bytes of one GPU block on one worker, all layers."""
     num_slots: int
     enable_events: bool
-    remote: RemoteTierConfig | None = None
-    """The shared tier behind the CPU tier (`secondary_tiers`), if any."""
-    remote_locality: str = "REMOTE"
-    remote_identity: TierIdentity | None = None
-    """Rank 0's identity; each worker's shard is keyed under its own rank's digest."""
+    tiers: tuple[TierSettings, ...] = ()
+    """The secondary tiers behind the CPU tier (`secondary_tiers`), in lookup order."""
     pinning: Pinning = field(default_factory=Pinning)
     """How each worker prepares its CPU pool (`pin_in_background` and its companions)."""
     groups: tuple[KVGroup, ...] = (KVGroup(),)
@@ -43,12 +39,17 @@ class ConnectorSettings:
     tp_size: int = 1
     replicated: bool = False
     """Every TP rank of a pipeline stage holds the same KV bytes (MLA's one latent vector per
-    token): in the shared tier a chunk has one shard per stage, written by the stage's TP rank 0
-    and read by all of its ranks."""
+    token): in a secondary tier a chunk has one shard per stage, written by the stage's TP rank
+    0 and read by all of its ranks."""
 
     @property
     def hybrid(self) -> bool:
         return self.groups != (KVGroup(),)
+
+    @property
+    def chunk_bytes(self) -> int:
+        """One chunk on one worker: a CPU slot, and one shard in a secondary tier."""
+        return self.worker_block_bytes * self.config.blocks_per_chunk
 
     @property
     def bytes_per_chunk(self) -> int:
@@ -65,8 +66,9 @@ class ConnectorSettings:
         kv_groups = kv_groups_of(kv_cache_config)
         spec = groups[0].kv_cache_spec
         extra = dict(transfer.kv_connector_extra_config or {})
-        tier = _secondary_tier(extra.pop("secondary_tiers", None))
-        if tier is not None and len(kv_groups) > 1:
+        raw_tiers = extra.pop("secondary_tiers", None)
+        entries = [] if raw_tiers is None else parse_entries(raw_tiers)
+        if entries and len(kv_groups) > 1:
             raise NotSupportedError(
                 f"secondary_tiers is not supported for hybrid models yet (this one has "
                 f"{len(kv_groups)} KV-cache groups); remove it to offload to the CPU tier only"
@@ -87,9 +89,9 @@ class ConnectorSettings:
         world_size = vllm_config.parallel_config.world_size
         bytes_per_chunk = block_bytes * config.blocks_per_chunk * world_size
         events = vllm_config.kv_events_config
-        identity = None
         replicated = False
-        if tier is not None:
+        tiers: tuple[TierSettings, ...] = ()
+        if entries:
             parallel = vllm_config.parallel_config
             cp = (parallel.prefill_context_parallel_size, parallel.decode_context_parallel_size)
             if cp != (1, 1):
@@ -106,20 +108,28 @@ class ConnectorSettings:
             if replicated:
                 # One shard per stage, not per rank: never met by a per-rank engine's keys.
                 layout += "/replicated"
-            identity = TierIdentity(
-                namespace=tier[0].namespace,
-                model=vllm_config.model_config.model,
-                kv_dtype=str(getattr(spec, "dtype", vllm_config.model_config.dtype)),
-                tokens_per_block=spec.block_size,
-                blocks_per_chunk=config.blocks_per_chunk,
-                layers=tuple(groups[0].layer_names),
-                tp_size=parallel.tensor_parallel_size,
-                pp_size=parallel.pipeline_parallel_size,
-                rank=0,
-                bytes_per_chunk=block_bytes * config.blocks_per_chunk,
-                # A slot holds, per segment (a layer's K or V, or a whole cross-layer block), the
-                # chunk's pages block after block: not vLLM's tiering region layout.
-                layout=layout,
+            tiers = tuple(
+                TierSettings(
+                    tier_config,
+                    locality,
+                    TierIdentity(
+                        namespace=tier_config.namespace,
+                        model=vllm_config.model_config.model,
+                        kv_dtype=str(getattr(spec, "dtype", vllm_config.model_config.dtype)),
+                        tokens_per_block=spec.block_size,
+                        blocks_per_chunk=config.blocks_per_chunk,
+                        layers=tuple(groups[0].layer_names),
+                        tp_size=parallel.tensor_parallel_size,
+                        pp_size=parallel.pipeline_parallel_size,
+                        rank=0,
+                        bytes_per_chunk=block_bytes * config.blocks_per_chunk,
+                        # A slot holds, per segment (a layer's K or V, or a whole cross-layer
+                        # block), the chunk's pages block after block: not vLLM's tiering region
+                        # layout.
+                        layout=layout,
+                    ),
+                )
+                for tier_config, locality in entries
             )
         return cls(
             config=config,
@@ -127,9 +137,7 @@ class ConnectorSettings:
             worker_block_bytes=block_bytes,
             num_slots=config.num_slots(bytes_per_chunk),
             enable_events=bool(events is not None and events.enable_kv_cache_events),
-            remote=None if tier is None else tier[0],
-            remote_locality="REMOTE" if tier is None else tier[1],
-            remote_identity=identity,
+            tiers=tiers,
             pinning=pinning,
             groups=kv_groups,
             retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
@@ -140,7 +148,8 @@ class ConnectorSettings:
 
     @property
     def num_shards(self) -> int:
-        """Shards of one chunk in the shared tier: one per worker, or per stage if replicated."""
+        """Shards of one chunk in a secondary tier: one per worker, or per stage if
+        replicated."""
         return self.world_size // self.tp_size if self.replicated else self.world_size
 
     def shard_of(self, rank: int) -> int:
@@ -150,11 +159,6 @@ class ConnectorSettings:
     def writes_shard(self, rank: int) -> bool:
         """Whether worker `rank` writes its shard (one TP rank per stage, if replicated)."""
         return not self.replicated or rank % self.tp_size == 0
-
-    def shard_digest(self, shard: int) -> bytes:
-        """The namespace digest of one shard of every chunk."""
-        assert self.remote_identity is not None
-        return dataclasses.replace(self.remote_identity, rank=shard).digest()
 
 
 def _replicated(spec: object) -> bool:
@@ -248,55 +252,3 @@ def kv_groups_of(kv_cache_config: KVCacheConfig) -> tuple[KVGroup, ...]:
             "prefix_match_unit"
         )
     return tuple(out)
-
-
-_LOCALITIES = ("LOCAL", "REMOTE")
-# Keys of a vLLM tiering entry that mean nothing to this connector.
-_TIERING_ONLY = {
-    "backpressure": "writes are bounded by max_store_bytes_in_flight instead",
-    "enable_kv_events": "this connector publishes the shared tier's events whenever vLLM's KV "
-    "events are on",
-}
-
-
-def _secondary_tier(tiers: object) -> tuple[RemoteTierConfig, str] | None:
-    """The one `secondary_tiers` entry (vLLM's tiering syntax), checked key by key."""
-    if tiers is None:
-        return None
-    if not isinstance(tiers, list) or not tiers:
-        # Not the value itself: it may hold the server's password.
-        given = "an empty list" if tiers == [] else f"a {type(tiers).__name__}"
-        raise ConfigError(
-            f"secondary_tiers is {given}: expected a list of one entry, e.g. "
-            '[{"type": "RedisTier", "url": "redis://host:6379/0", "namespace": "model@rev"}]'
-        )
-    if len(tiers) > 1:
-        raise ConfigError(
-            f"secondary_tiers has {len(tiers)} entries; KVOffloadConnector supports one shared "
-            "tier behind its CPU tier"
-        )
-    entry: Any = tiers[0]
-    if not isinstance(entry, Mapping):
-        raise ConfigError(f"secondary_tiers[0] must be a dict, got {type(entry).__name__}")
-    if entry.get("type") != "RedisTier":
-        raise ConfigError(
-            f"secondary_tiers[0] type={entry.get('type')!r} is invalid; allowed: 'RedisTier'"
-        )
-    if entry.get("module_path", "kvoffload.vllm") != "kvoffload.vllm":
-        raise ConfigError(
-            f"secondary_tiers[0] module_path={entry['module_path']!r} is invalid; allowed: "
-            "'kvoffload.vllm' (or leave it out)"
-        )
-    for key, why in _TIERING_ONLY.items():
-        if key in entry:
-            raise ConfigError(
-                f"secondary_tiers[0] key {key!r} is read only by vLLM's TieringOffloadingSpec, "
-                f"not by KVOffloadConnector: {why}; remove it"
-            )
-    locality = entry.get("locality", "REMOTE")
-    if locality not in _LOCALITIES:
-        raise ConfigError(
-            f"secondary_tiers[0] locality={locality!r} is invalid; allowed: "
-            f"{', '.join(map(repr, _LOCALITIES))}"
-        )
-    return RemoteTierConfig.from_dict(entry), locality

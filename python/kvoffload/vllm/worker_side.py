@@ -8,8 +8,9 @@ import logging
 import numpy as np
 import torch
 
+from kvoffload.disk import DRAIN_TIMEOUT_S, DiskClient, DiskTierConfig
 from kvoffload.errors import ConfigError
-from kvoffload.remote import NodeReport, RemoteClient, ShardIO
+from kvoffload.remote import NodeReport, RemoteClient, RemoteTierConfig, ShardIO
 from kvoffload.scheduler import LoadJob, StoreJob
 from kvoffload.transfer import JobPart, TransferEngine
 from kvoffload.vllm.metadata import (
@@ -83,7 +84,8 @@ class WorkerSide:
         self._results: dict[int, tuple[int, bool]] = {}
         self._recving: set[str] = set()
         self._load_errors: set[int] = set()
-        self.remote: ShardIO | None = None
+        self.tiers: list[ShardIO] = []
+        """This worker's shard of every chunk in each secondary tier, in chain order."""
         self._nodes: NodeReport | None = None
         self._promoted: dict[int, tuple[int, bytes]] = {}
         self._cascaded: dict[int, tuple[int, int, bytes]] = {}
@@ -122,8 +124,8 @@ class WorkerSide:
             )
         self._segments = self._group_segments(self.engine, kv_caches)
         self.rank = worker_rank()
-        if self.settings.remote is not None:
-            self.remote = self._connect(self.engine)
+        if self.settings.tiers:
+            self._connect(self.engine)
 
     def _unique_pages(self, kv_caches: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """One tensor per memory region, attention layers first (the order of a CPU slot's
@@ -162,32 +164,41 @@ class WorkerSide:
             out.append(None if segments == everything else segments)
         return out
 
-    def _connect(self, engine: TransferEngine) -> ShardIO:
-        """This worker's shard of every chunk in the shared tier, under its shard's digest."""
+    def _connect(self, engine: TransferEngine) -> None:
+        """This worker's shard of every chunk in each secondary tier, under its shard's digest."""
         settings = self.settings
-        assert settings.remote is not None
-        if engine.chunk_bytes != settings.worker_block_bytes * settings.config.blocks_per_chunk:
+        if engine.chunk_bytes != settings.chunk_bytes:
             # Replicas (and this engine's scheduler) key chunks by vLLM's config: a shard of
             # another size would never match theirs.
             raise ConfigError(
                 f"secondary_tiers: this worker's chunks are {engine.chunk_bytes} bytes, vLLM's "
-                f"config says {settings.worker_block_bytes * settings.config.blocks_per_chunk}; "
-                "the shared tier needs them to agree"
+                f"config says {settings.chunk_bytes}; the secondary tiers need them to agree"
             )
         rank = self.rank
-        digest = settings.shard_digest(settings.shard_of(rank))
-        client = RemoteClient(settings.remote, digest, engine.chunk_bytes)
-        if client.startup_error is not None:
-            logger.warning(
-                "kvoffload: shared tier %s is unreachable from worker %d (%s): it serves from "
-                "the CPU tier and retries in the background",
-                settings.remote.masked_url,
-                rank,
-                client.startup_error,
-            )
-        self._nodes = NodeReport(client)
         pool = engine.pool
-        return ShardIO(client, pool.buffer.numpy(), pool.slot_offsets)
+        redis: list[RemoteClient] = []
+        for tier in settings.tiers:
+            digest = tier.shard_digest(settings.shard_of(rank))
+            client: RemoteClient | DiskClient
+            if isinstance(tier.config, DiskTierConfig):
+                # Each shard's files are held to its part of capacity_bytes.
+                capacity = tier.config.capacity_bytes // settings.num_shards
+                client = DiskClient(
+                    tier.config, digest, engine.chunk_bytes, capacity_bytes=capacity
+                )
+            else:
+                client = RemoteClient(tier.config, digest, engine.chunk_bytes)
+                redis.append(client)
+                if client.startup_error is not None:
+                    logger.warning(
+                        "kvoffload: shared tier %s is unreachable from worker %d (%s): it "
+                        "serves from the other tiers and retries in the background",
+                        tier.where,
+                        rank,
+                        client.startup_error,
+                    )
+            self.tiers.append(ShardIO(client, pool.buffer.numpy(), pool.slot_offsets))
+        self._nodes = NodeReport(*redis) if redis else None
 
     def handle_preemptions(self, meta: KVOffloadMetadata) -> None:
         """The first hook of every step, before its forward pass: submits the last step's stores,
@@ -210,14 +221,14 @@ class WorkerSide:
     def _start_remote(self, meta: KVOffloadMetadata) -> None:
         if not (meta.promotions or meta.cascades):
             return
-        if self.remote is None:
-            raise RuntimeError("kvoffload: shared-tier jobs reached a worker without the tier")
+        if not self.tiers:
+            raise RuntimeError("kvoffload: secondary-tier jobs reached a worker without tiers")
         for job in meta.promotions:
-            self.remote.promote(job.job_id, job.keys.to_list(), job.slots)
+            self.tiers[job.tier].promote(job.job_id, job.keys.to_list(), job.slots)
         if not self.settings.writes_shard(self.rank):
             return  # another TP rank writes the shard this one holds too
         for job in meta.cascades:
-            self.remote.cascade(job.job_id, job.keys.to_list(), job.slots)
+            self.tiers[job.tier].cascade(job.job_id, job.keys.to_list(), job.slots)
 
     def start_loads(self, meta: KVOffloadMetadata) -> None:
         for job in meta.loads:
@@ -226,8 +237,8 @@ class WorkerSide:
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         for result in self._engine().get_finished():
             self._record(self._jobs.pop(result.job_id), result.success)
-        if self.remote is not None:
-            promoted, cascaded = self.remote.take_done()
+        for tier in self.tiers:
+            promoted, cascaded = tier.take_done()
             for job_id, ok in promoted.items():
                 self._promoted[job_id] = (1, ok)
             for job_id, (written, in_tier) in cascaded.items():
@@ -271,8 +282,13 @@ class WorkerSide:
 
     def shutdown(self) -> None:
         # Writes read the pool: they end (by their deadlines) before the pool is released.
-        if self.remote is not None and self.settings.remote is not None:
-            self.remote.close(self.settings.remote.job_timeout_s + 1.0)
+        for io, tier in zip(self.tiers, self.settings.tiers, strict=True):
+            config = tier.config
+            io.close(
+                config.job_timeout_s + 1.0
+                if isinstance(config, RemoteTierConfig)
+                else DRAIN_TIMEOUT_S
+            )
         if self.engine is not None:
             self.engine.close()
 

@@ -1,0 +1,63 @@
+"""`DiskLookups`: the scheduler's lookups against a disk tier (`SharedTier`'s `Lookups`).
+
+They answer at once, from the index of a handle of its own on the directory: the workers' handles
+do the I/O and hold `capacity_bytes`, this one does neither (it never evicts) and learns of the
+chunks its engine's workers wrote as their writes end (`mark_stored`), of other engines' chunks
+and of every eviction at each rescan, and of a chunk a load missed at once (`mark_miss`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kvoffload.disk.client import DiskClient
+from kvoffload.disk.config import DiskTierConfig
+from kvoffload.store import KeyRange
+
+# A lookup handle never evicts: its capacity is past any filesystem.
+_NO_EVICTION = 1 << 62
+
+
+class DiskLookups:
+    def __init__(self, client: DiskClient) -> None:
+        self._client = client
+
+    @classmethod
+    def open(cls, config: DiskTierConfig, namespace_digest: bytes, chunk_bytes: int) -> DiskLookups:
+        """A lookup handle on `config`'s directory under one shard's digest (a chunk's shards
+        are written together, so one stands for all)."""
+        client = DiskClient(
+            config, namespace_digest, chunk_bytes, capacity_bytes=_NO_EVICTION, io_threads=1
+        )
+        return cls(client)
+
+    def lookup_prefix(self, keys: KeyRange, request: str) -> tuple[int, bool]:
+        """How many leading keys the directory holds; never "ask again"."""
+        return self._client.lookup_prefix(keys), False
+
+    def flush(self) -> None:
+        """Nothing is sent: every answer was given at once."""
+
+    def mark_miss(self, keys: Iterable[bytes]) -> None:
+        self._client.note_missing(list(keys))
+
+    def mark_stored(self, keys: Iterable[bytes]) -> None:
+        self._client.note_present(list(keys))
+
+    def cleanup(self, request: str) -> None:
+        """Nothing is kept per request."""
+
+    @property
+    def down(self) -> bool:
+        return False
+
+    def in_flight(self) -> int:
+        return 0
+
+    @property
+    def scanned(self) -> bool:
+        """Whether what the directory held at start-up is in the index yet."""
+        return self._client.scanned
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,108 @@
+"""`secondary_tiers` of `KVOffloadConnector`: the tiers behind its CPU tier, in lookup order
+(CPU -> first -> second ...), each a `RedisTier` or a `DiskTier` entry in vLLM's tiering syntax,
+checked key by key."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvoffload.disk import DiskTierConfig
+from kvoffload.errors import ConfigError
+from kvoffload.remote import RemoteTierConfig, TierIdentity
+
+_LOCALITIES = ("LOCAL", "REMOTE")
+_TYPES = {"RedisTier": "REMOTE", "DiskTier": "LOCAL"}
+"""Each type's default locality."""
+# A chunk held by every tier's write at once: the CPU tier counts at most 15 holds per key.
+MAX_TIERS = 4
+# Keys of a vLLM tiering entry that mean nothing to this connector.
+_TIERING_ONLY = {
+    "backpressure": "each tier bounds its own writes instead (max_store_bytes_in_flight)",
+    "enable_kv_events": "this connector publishes every tier's events whenever vLLM's KV "
+    "events are on",
+}
+_EXAMPLE = (
+    '[{"type": "DiskTier", "path": "/mnt/nvme/kvoffload", "capacity_bytes": 2000000000000, '
+    '"namespace": "model@rev"}, {"type": "RedisTier", "url": "redis://host:6379/0", '
+    '"namespace": "model@rev"}]'
+)
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    """One secondary tier: its entry, its locality, and what its values depend on."""
+
+    config: RemoteTierConfig | DiskTierConfig
+    locality: str
+    identity: TierIdentity
+    """Rank 0's identity; each shard of a chunk is keyed under its own shard's digest."""
+
+    @property
+    def kind(self) -> str:
+        return "RedisTier" if isinstance(self.config, RemoteTierConfig) else "DiskTier"
+
+    @property
+    def where(self) -> str:
+        """The server (password masked) or the directory, for logs."""
+        if isinstance(self.config, RemoteTierConfig):
+            return self.config.masked_url
+        return self.config.path
+
+    def shard_digest(self, shard: int) -> bytes:
+        """The namespace digest of one shard of every chunk."""
+        return dataclasses.replace(self.identity, rank=shard).digest()
+
+
+def parse_entries(tiers: object) -> list[tuple[RemoteTierConfig | DiskTierConfig, str]]:
+    """Each entry's config and locality, in order; a bad entry is a `ConfigError` naming it.
+    Not echoed back: an entry may hold a server's password."""
+    if not isinstance(tiers, list) or not tiers:
+        given = "an empty list" if tiers == [] else f"a {type(tiers).__name__}"
+        raise ConfigError(
+            f"secondary_tiers is {given}: expected a list of tiers in lookup order, e.g. "
+            + _EXAMPLE
+        )
+    if len(tiers) > MAX_TIERS:
+        raise ConfigError(
+            f"secondary_tiers has {len(tiers)} entries; allowed: 1 to {MAX_TIERS} tiers"
+        )
+    return [_entry(i, entry) for i, entry in enumerate(tiers)]
+
+
+def _entry(i: int, entry: Any) -> tuple[RemoteTierConfig | DiskTierConfig, str]:
+    name = f"secondary_tiers[{i}]"
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{name} must be a dict, got {type(entry).__name__}")
+    kind = entry.get("type")
+    if kind not in _TYPES:
+        raise ConfigError(
+            f"{name} type={kind!r} is invalid; allowed: {', '.join(map(repr, _TYPES))}"
+        )
+    if entry.get("module_path", "kvoffload.vllm") != "kvoffload.vllm":
+        raise ConfigError(
+            f"{name} module_path={entry['module_path']!r} is invalid; allowed: "
+            "'kvoffload.vllm' (or leave it out)"
+        )
+    for key, why in _TIERING_ONLY.items():
+        if key in entry:
+            raise ConfigError(
+                f"{name} key {key!r} is read only by vLLM's TieringOffloadingSpec, not by "
+                f"KVOffloadConnector: {why}; remove it"
+            )
+    locality = entry.get("locality", _TYPES[kind])
+    if locality not in _LOCALITIES:
+        raise ConfigError(
+            f"{name} locality={locality!r} is invalid; allowed: {', '.join(map(repr, _LOCALITIES))}"
+        )
+    try:
+        config = (
+            RemoteTierConfig.from_dict(entry)
+            if kind == "RedisTier"
+            else DiskTierConfig.from_dict(entry)
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    return config, locality
