@@ -3,7 +3,7 @@
 use crate::aligned::ALIGN;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -67,5 +67,83 @@ pub fn drop_cache(f: &File) {
     // SAFETY: a valid descriptor; the call only advises the kernel.
     unsafe {
         libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+}
+
+/// Reads `bufs` in order from `offset`, in one `preadv` where the kernel gives it all (a header
+/// block and its payload: one I/O, not two); a short read is finished buffer by buffer. The end
+/// of the file before the last byte: `UnexpectedEof`.
+pub fn read_all_at(f: &File, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
+    let iov: Vec<libc::iovec> = bufs
+        .iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: each iovec is a live, exclusively borrowed buffer of its length.
+    let n = retry(|| unsafe {
+        libc::preadv(
+            f.as_raw_fd(),
+            iov.as_ptr(),
+            iov.len() as libc::c_int,
+            offset as libc::off_t,
+        )
+    })?;
+    let mut got = n;
+    let mut at = offset;
+    for b in bufs.iter_mut() {
+        let len = b.len();
+        if got < len {
+            f.read_exact_at(&mut b[got..], at + got as u64)?;
+        }
+        got = got.saturating_sub(len);
+        at += len as u64;
+    }
+    Ok(())
+}
+
+/// Writes `bufs` in order from `offset`, in one `pwritev` where the kernel takes it all; a
+/// short write is finished buffer by buffer.
+pub fn write_all_at(f: &File, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+    let iov: Vec<libc::iovec> = bufs
+        .iter()
+        .map(|b| libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: each iovec is a live buffer of its length, only read by the call.
+    let n = retry(|| unsafe {
+        libc::pwritev(
+            f.as_raw_fd(),
+            iov.as_ptr(),
+            iov.len() as libc::c_int,
+            offset as libc::off_t,
+        )
+    })?;
+    let mut put = n;
+    let mut at = offset;
+    for b in bufs {
+        if put < b.len() {
+            f.write_all_at(&b[put..], at + put as u64)?;
+        }
+        put = put.saturating_sub(b.len());
+        at += b.len() as u64;
+    }
+    Ok(())
+}
+
+/// A system call's byte count, again after `EINTR`.
+fn retry(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let n = call();
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }

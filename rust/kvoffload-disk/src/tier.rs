@@ -196,15 +196,14 @@ impl DiskTier {
         let header = Header::for_chunk(&self.layout, &self.ns, key, payload).encode();
         let mut block = AlignedBuf::new(HEADER_BLOCK);
         block.as_mut_slice()[..HEADER_LEN].copy_from_slice(&header);
-        f.write_all_at(block.as_slice(), 0)?;
         let padded = round_up(payload.len());
         if !self.direct || (is_aligned(payload) && padded == payload.len()) {
-            f.write_all_at(payload, HEADER_BLOCK as u64)?;
+            files::write_all_at(f, &[block.as_slice(), payload], 0)?;
         } else {
             // O_DIRECT needs aligned memory and whole blocks: through a bounce buffer.
             let mut bounce = AlignedBuf::new(padded);
             bounce.as_mut_slice()[..payload.len()].copy_from_slice(payload);
-            f.write_all_at(bounce.as_slice(), HEADER_BLOCK as u64)?;
+            files::write_all_at(f, &[block.as_slice(), bounce.as_slice()], 0)?;
         }
         if !self.direct {
             // The padding; with O_DIRECT the bounce buffer wrote it.
@@ -250,6 +249,16 @@ impl DiskTier {
                 return Loaded::Failed(DiskError::io(format!("opening {}", path.display()), e))
             }
         };
+        let meta = match f.metadata() {
+            Ok(m) => m,
+            Err(e) => {
+                return Loaded::Failed(DiskError::io(format!("reading {}", path.display()), e))
+            }
+        };
+        if meta.len() != files::file_len(dest.len()) {
+            remove_if_same(&f, &path);
+            return Loaded::Corrupt("file has the wrong length");
+        }
         let got = match self.read_chunk(&f, key, dest) {
             Ok(got) => got,
             // A file shorter than its header says: cut short (a crash, a full disk elsewhere).
@@ -269,11 +278,20 @@ impl DiskTier {
     }
 
     fn read_chunk(&self, f: &File, key: &[u8], dest: &mut [u8]) -> io::Result<Loaded> {
-        if f.metadata()?.len() != files::file_len(dest.len()) {
-            return Ok(Loaded::Corrupt("file has the wrong length"));
-        }
+        // The header block and the payload in one read: the header is checked after it.
         let mut block = AlignedBuf::new(HEADER_BLOCK);
-        f.read_exact_at(block.as_mut_slice(), 0)?;
+        let padded = round_up(dest.len());
+        let bounce = if !self.direct || (is_aligned(dest) && padded == dest.len()) {
+            files::read_all_at(f, &mut [block.as_mut_slice(), dest], 0)?;
+            None
+        } else {
+            let mut bounce = AlignedBuf::new(padded);
+            files::read_all_at(f, &mut [block.as_mut_slice(), bounce.as_mut_slice()], 0)?;
+            Some(bounce)
+        };
+        if !self.direct {
+            files::drop_cache(f);
+        }
         let raw: &[u8; HEADER_LEN] = block.as_slice()[..HEADER_LEN]
             .try_into()
             .expect("a header block holds a header");
@@ -281,16 +299,8 @@ impl DiskTier {
             Ok(h) => h,
             Err(why) => return Ok(Loaded::Corrupt(why)),
         };
-        let padded = round_up(dest.len());
-        if !self.direct || (is_aligned(dest) && padded == dest.len()) {
-            f.read_exact_at(dest, HEADER_BLOCK as u64)?;
-        } else {
-            let mut bounce = AlignedBuf::new(padded);
-            f.read_exact_at(bounce.as_mut_slice(), HEADER_BLOCK as u64)?;
+        if let Some(bounce) = bounce {
             dest.copy_from_slice(&bounce.as_slice()[..dest.len()]);
-        }
-        if !self.direct {
-            files::drop_cache(f);
         }
         if crc(dest) != header.payload_crc {
             return Ok(Loaded::Corrupt("payload checksum mismatch"));
