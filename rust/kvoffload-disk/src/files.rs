@@ -18,24 +18,43 @@ pub const TMP_PREFIX: &str = ".tmp-";
 pub const MAX_KEY_BYTES: usize = 120;
 
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(2 * bytes.len());
+    for &b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    out
 }
 
+/// The bytes of a name `hex` wrote (lowercase digits only: any other spelling is not a chunk's
+/// file name).
 pub fn unhex(name: &str) -> Option<Vec<u8>> {
-    if name.len() % 2 != 0 {
+    fn digit(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        }
+    }
+    let raw = name.as_bytes();
+    if raw.len() % 2 != 0 {
         return None;
     }
-    (0..name.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(name.get(i..i + 2)?, 16).ok())
+    raw.chunks_exact(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
         .collect()
+}
+
+/// The subdirectory of `key`'s file: `fan_name(key_digest(key)[0])`.
+pub fn fan_of(key: &[u8]) -> u8 {
+    kvoffload_format::key_digest(key)[0]
 }
 
 /// `dir/<2 hex digits of the key's digest>/<key in hex>`: 256 subdirectories, so none grows to
 /// millions of entries.
 pub fn chunk_path(dir: &Path, key: &[u8]) -> PathBuf {
-    let fan = kvoffload_format::key_digest(key)[0];
-    dir.join(format!("{fan:02x}")).join(hex(key))
+    dir.join(hex(&[fan_of(key)])).join(hex(key))
 }
 
 /// Bytes of a chunk's file: the header block and the payload, padded to a whole block.

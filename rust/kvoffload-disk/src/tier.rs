@@ -325,6 +325,11 @@ impl DiskTier {
         let mut out = Vec::new();
         let subdirs = fs::read_dir(&self.dir).map_err(|e| DiskError::io("listing the tier", e))?;
         for sub in subdirs.flatten() {
+            // Only `<2 hex digits>` subdirectories hold chunks, each the keys of its fan.
+            let fan = match sub.file_name().to_str().and_then(files::unhex).as_deref() {
+                Some(&[fan]) => fan,
+                _ => continue,
+            };
             let Ok(entries) = fs::read_dir(sub.path()) else {
                 continue;
             };
@@ -337,7 +342,7 @@ impl DiskTier {
                 let Some(key) = name.to_str().and_then(files::unhex) else {
                     continue;
                 };
-                if key.is_empty() || files::chunk_path(&self.dir, &key) != entry.path() {
+                if key.is_empty() || key.len() > MAX_KEY_BYTES || files::fan_of(&key) != fan {
                     continue;
                 }
                 if let Ok(modified) = entry.metadata().and_then(|m| m.modified()) {

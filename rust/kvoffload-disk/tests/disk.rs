@@ -304,6 +304,16 @@ fn scan_finds_every_chunk_and_leaves_other_files_alone() {
     fs::write(sub.join(".tmp-1-1"), b"half").unwrap();
     fs::write(sub.join("not-hex"), b"x").unwrap();
     fs::write(t.dir().join("stray"), b"x").unwrap();
+    // A chunk's file under another spelling of its name, or in another key's subdirectory: a
+    // copy, not a chunk this tier wrote (it would never be found there by a load).
+    let chunk = file_of(&t, &[0; 36]);
+    let name = chunk.file_name().unwrap().to_str().unwrap().to_uppercase();
+    fs::copy(&chunk, sub.join(format!("{name}A0"))).unwrap();
+    let other_fan = file_of(&t, &[1; 36]).parent().unwrap().to_path_buf();
+    assert_ne!(other_fan, sub);
+    fs::copy(&chunk, other_fan.join(chunk.file_name().unwrap())).unwrap();
+    fs::create_dir_all(t.dir().join("xyz")).unwrap();
+    fs::copy(&chunk, t.dir().join("xyz").join(chunk.file_name().unwrap())).unwrap();
     let mut keys: Vec<Vec<u8>> = t.scan().unwrap().into_iter().map(|(k, _)| k).collect();
     keys.sort();
     assert_eq!(keys, (0..20u8).map(|k| vec![k; 36]).collect::<Vec<_>>());
