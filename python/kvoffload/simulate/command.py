@@ -18,9 +18,17 @@ from kvoffload.simulate.flags import UsageError, flag, workload_fields
 from kvoffload.simulate.fleet import FleetResult, simulate_fleet
 from kvoffload.simulate.instance import DataCheck, EngineConfig
 from kvoffload.simulate.models import DEFAULT_MODEL, MODELS
-from kvoffload.simulate.report import SimResult, header, instance_table, sweep_table, table, title
+from kvoffload.simulate.report import (
+    TIERS,
+    SimResult,
+    header,
+    instance_table,
+    sweep_table,
+    table,
+    title,
+)
 from kvoffload.simulate.runs import Plan, Setting, plan
-from kvoffload.simulate.shared_tier import SharedTierConfig
+from kvoffload.simulate.shared_tier import SharedTierConfig, disk_tier
 from kvoffload.simulate.trace import Trace, TraceError, TraceOptions, load_trace
 from kvoffload.simulate.verify import PAGE_BYTES
 from kvoffload.simulate.workloads import WORKLOADS, Request, SimRequest, Workload, describe
@@ -223,6 +231,17 @@ def run(args: argparse.Namespace) -> int:
             nodes=nodes,
             node_gbps=args.remote_node_gbps,
         )
+    disk = None
+    if args.disk_gib is not None:
+        disk = disk_tier(
+            _check_slots("--disk-gib", args.disk_gib, bytes_per_chunk),
+            gbps=args.disk_gbps,
+            latency_ms=args.disk_latency_ms,
+            seed=args.seed,
+        )
+    # The tiers behind the CPU tier some run has: only their rows and fields are shown, so that
+    # without them the output is as it was.
+    tiers = [t for t, config in (("disk", disk), ("remote", remote)) if config is not None]
     if args.verify_data:
         pool = max(slots.values()) * args.blocks_per_chunk * PAGE_BYTES
         if pool > _MAX_VERIFY_BYTES:
@@ -257,7 +276,14 @@ def run(args: argparse.Namespace) -> int:
         "max_load_tokens": args.max_load_tokens,
         "max_offload_tokens": args.max_offload_tokens,
     }
-    if remote is not None:  # only then: without a shared tier the output is as it was
+    if disk is not None:
+        engine_info |= {
+            "disk_gib": args.disk_gib,
+            "disk_chunks": disk.capacity,
+            "disk_gbps": disk.gbps,
+            "disk_latency_ms": disk.latency_ms,
+        }
+    if remote is not None:
         engine_info |= {
             "remote_gib": args.remote_gib,
             "remote_chunks": remote.capacity,
@@ -276,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
                     bytes_per_chunk,
                     slots[st.cpu_gib],
                     remote if st.remote_gib is not None else None,
+                    disk if st.disk_gib is not None else None,
                     st,
                     args,
                     bar,
@@ -293,11 +320,11 @@ def run(args: argparse.Namespace) -> int:
         out = {
             "workload": workload_info,
             "engine": engine_info,
-            "runs": _json_runs(runs, grid, remote is not None),
+            "runs": _json_runs(runs, grid, tiers),
         }
         _emit(json.dumps(out, indent=2, allow_nan=False))
     else:
-        _emit(_text(runs, grid, workload_info, engine_info, args.per_instance, remote is not None))
+        _emit(_text(runs, grid, workload_info, engine_info, args.per_instance, tiers))
     totals = [[res.fleet for res in row] for row in grid]
     code = 0
     if args.plot is not None:
@@ -325,8 +352,11 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _json_runs(runs: Plan, grid: list[list[FleetResult]], remote: bool) -> list[dict[str, Any]]:
-    """With `remote` (any run has a shared tier), each run's tier size and its counts too."""
+def _json_runs(
+    runs: Plan, grid: list[list[FleetResult]], tiers: Sequence[str]
+) -> list[dict[str, Any]]:
+    """With `tiers` (those some run has behind its CPU tier), each run's sizes of them and
+    their counts too."""
     fleets = runs.fleet() is not None
     return [
         {
@@ -335,10 +365,10 @@ def _json_runs(runs: Plan, grid: list[list[FleetResult]], remote: bool) -> list[
             "offload_prompt_only": st.offload_prompt_only,
             "eviction_policy": st.eviction_policy,
             **({"instances": st.instances, "router": st.router} if fleets else {}),
-            **({"remote_gib": st.remote_gib} if remote else {}),
-            "result": _json_result(res.fleet, remote),
+            **{f"{t}_gib": getattr(st, f"{t}_gib") for t in tiers},
+            "result": _json_result(res.fleet, tiers),
             **(
-                {"per_instance": [_json_result(r, remote) for r in res.instances]}
+                {"per_instance": [_json_result(r, tiers) for r in res.instances]}
                 if st.instances > 1
                 else {}
             ),
@@ -348,24 +378,21 @@ def _json_runs(runs: Plan, grid: list[list[FleetResult]], remote: bool) -> list[
     ]
 
 
-_REMOTE_FIELDS = (
-    "remote_hit_tokens",
-    "remote_bytes_read",
-    "remote_bytes_written",
-    "remote_evictions",
-)
+_TIER_FIELDS = ("hit_tokens", "bytes_read", "bytes_written", "evictions")
+"""A tier's fields of `SimResult`, each under its name (`disk_hit_tokens`, ...)."""
 
 
-def _json_result(res: SimResult, remote: bool) -> dict[str, Any]:
+def _json_result(res: SimResult, tiers: Sequence[str]) -> dict[str, Any]:
     out = dataclasses.asdict(res)
-    if not remote:
-        for name in _REMOTE_FIELDS:
-            del out[name]
+    for tier in TIERS:
+        if tier not in tiers:
+            for name in _TIER_FIELDS:
+                del out[f"{tier}_{name}"]
     return {
         **out,
         "cpu_hit_rate": res.cpu_hit_rate,
         "gpu_hit_rate": res.gpu_hit_rate,
-        **({"remote_hit_rate": res.remote_hit_rate} if remote else {}),
+        **{f"{t}_hit_rate": getattr(res, f"{t}_hit_rate") for t in tiers},
     }
 
 
@@ -375,19 +402,19 @@ def _text(
     workload_info: dict[str, Any],
     engine_info: dict[str, Any],
     per_instance: bool,
-    remote: bool,
+    tiers: Sequence[str],
 ) -> str:
     """The header, the table (or the sweep's), and with `per_instance` one table per fleet;
-    with `remote` (any run has a shared tier), its rows and columns too."""
+    with `tiers` (those some run has behind its CPU tier), their rows and columns too."""
     cells = runs.cells()
     sizes = sorted({st.cpu_gib for st in cells})
     policies = sorted({st.eviction_policy for st in cells})
     out = [header(workload_info, engine_info, sizes, policies, runs.fleet())]
     totals = [[res.fleet for res in row] for row in grid]
     if runs.axis is None:
-        out.append(table(runs.labels, totals[0], remote))
+        out.append(table(runs.labels, totals[0], tiers))
     else:
-        out.append(sweep_table(runs.axis, runs.points, runs.labels, totals, remote))
+        out.append(sweep_table(runs.axis, runs.points, runs.labels, totals, tiers))
     if per_instance:
         for settings, row in zip(runs.grid, grid, strict=True):
             for st, res in zip(settings, row, strict=True):
@@ -397,7 +424,7 @@ def _text(
                     what.append(f"{st.cpu_gib:g} GiB")
                     out.append(
                         f"\nper instance ({', '.join(what)}):\n"
-                        + instance_table(res.instances, remote)
+                        + instance_table(res.instances, tiers)
                     )
     return "\n".join(out)
 
@@ -408,6 +435,7 @@ def _run(
     bytes_per_chunk: int,
     num_slots: int,
     remote: SharedTierConfig | None,
+    disk: SharedTierConfig | None,
     setting: Setting,
     args: argparse.Namespace,
     bar: Any,
@@ -440,6 +468,7 @@ def _run(
             data=data,
             on_finish=(lambda: bar.update(1)) if bar is not None else (lambda: None),
             remote=remote,
+            disk=disk,
         )
     finally:
         for check in checks:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from kvoffload.simulate.fleet import ROUTERS
 from kvoffload.simulate.instance import MIN_HBM_GBPS, EngineConfig
 from kvoffload.simulate.models import DEFAULT_MODEL, MODELS
-from kvoffload.simulate.shared_tier import SharedTierConfig
+from kvoffload.simulate.shared_tier import SharedTierConfig, disk_tier
 from kvoffload.simulate.trace import FORMATS
 from kvoffload.simulate.workloads import WORKLOADS
 from kvoffload.store import POLICY_NAMES
@@ -24,7 +24,14 @@ MAX_INSTANCES = 256
 _MAX_SWEEP = 16
 """Points of a sweep: each is a whole replay."""
 _COUNT_MAX = 1 << 20
-COMPARISONS = ("offload_prompt_only", "eviction_policy", "instances", "router", "shared_tier")
+COMPARISONS = (
+    "offload_prompt_only",
+    "eviction_policy",
+    "instances",
+    "router",
+    "disk_tier",
+    "shared_tier",
+)
 T = TypeVar("T", int, float)
 
 
@@ -249,6 +256,26 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     )
     fl.add_argument("--router", choices=ROUTERS, help="places each request (default: round-robin)")
     fl.add_argument("--per-instance", action="store_true", help="also a table per instance")
+
+    dk = s.add_argument_group(
+        "disk tier (each instance's own NVMe, behind its CPU tier and before the shared tier)"
+    )
+    dd = disk_tier(1)
+    dk.add_argument(
+        "--disk-gib", type=_positive, metavar="GIB", help="its size per instance (default: none)"
+    )
+    dk.add_argument(
+        "--disk-gbps",
+        type=_float_in(0.01, 10_000),
+        metavar="N",
+        help=f"GB/s of its drive, per direction (default: {dd.gbps:g})",
+    )
+    dk.add_argument(
+        "--disk-latency-ms",
+        type=_float_in(0, 10_000),
+        metavar="MS",
+        help=f"time of one batch of reads or writes beyond its bytes (default: {dd.latency_ms:g})",
+    )
 
     rt = s.add_argument_group(
         "shared tier (a Redis/Valkey server, or a cluster, behind every instance)"

@@ -183,11 +183,13 @@ def simulate_fleet(
     data: Callable[[], DataCheck | None] = lambda: None,
     on_finish: Callable[[], None] = lambda: None,
     remote: SharedTierConfig | None = None,
+    disk: SharedTierConfig | None = None,
 ) -> FleetResult:
     """Replays `requests` (a list, or a stream in arrival order without follow-ups) on
     `instances` engines, each with a fresh scheduler and a CPU tier of `config.cpu_bytes_to_use`
     bytes in chunks of `bytes_per_chunk` (see `OffloadConfig`), behind `router`; `data` makes
-    each engine's `--verify-data` check; `remote` is a shared tier behind them all."""
+    each engine's `--verify-data` check; `remote` is a shared tier behind them all, and `disk`
+    each engine's own disk tier (between its CPU tier and the shared tier)."""
     if type(instances) is not int or instances < 1:
         raise ValueError(f"instances={instances!r} is invalid: expected an int >= 1")
     if router not in ROUTERS:
@@ -197,7 +199,8 @@ def simulate_fleet(
 
     def make_instance(finished: Callable[[Run, float], None]) -> Instance:
         link = SharedTierLink(tier, bytes_per_chunk) if tier is not None else None
-        return Instance(engine, config, bytes_per_chunk, data(), finished, link)
+        own = None if disk is None else SharedTierLink(SimulatedSharedTier(disk), bytes_per_chunk)
+        return Instance(engine, config, bytes_per_chunk, data(), finished, link, own)
 
     return _Fleet(requests, make_instance, instances, router, engine, on_finish).run()
 

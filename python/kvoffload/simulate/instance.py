@@ -131,14 +131,16 @@ class Run:
     generated: int = 0
     eligible_at: float = 0.0
     released: bool = False
-    promoted: set[int] = field(default_factory=set)
-    """Chunks copied from the shared tier for it: their loaded tokens are remote hits."""
+    promoted: dict[int, str] = field(default_factory=dict)
+    """Chunks copied for it from a tier behind the CPU tier (chunk -> "disk" or "remote"): their
+    loaded tokens are that tier's hits."""
 
 
 class Instance:
     """One engine: its GPU prefix cache, its scheduler and CPU tier, its clock. `on_finish`
-    hears of every finished request (the fleet releases the turns that follow it); `remote` is
-    its link to the fleet's shared tier, if any."""
+    hears of every finished request (the fleet releases the turns that follow it); `disk` is
+    its link to its own disk tier and `remote` to the fleet's shared tier, if any (looked up in
+    that order past the CPU tier, each written every chunk the CPU tier stores)."""
 
     def __init__(
         self,
@@ -148,6 +150,7 @@ class Instance:
         data: DataCheck | None,
         on_finish: Callable[[Run, float], None],
         remote: SharedTierLink | None = None,
+        disk: SharedTierLink | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
@@ -169,9 +172,10 @@ class Instance:
         self.link_free = {"store": 0.0, "load": 0.0}
         self.transfers: list[tuple[float, int, StoreJob | LoadJob, float]] = []
         self.by_job: dict[int, Run] = {}
-        self.remote = remote
+        self.tiers = [(name, link) for name, link in (("disk", disk), ("remote", remote)) if link]
         self.promotions: list[tuple[float, int, KeyList]] = []
-        """Copies from the shared tier in flight: when they land, a tie-break, their keys."""
+        """Copies from a tier behind the CPU tier in flight: when they land, a tie-break, their
+        keys."""
         self.promotion_seq = 0
         self.now = 0.0
         self.res = SimResult()
@@ -271,9 +275,9 @@ class Instance:
                 n_prompt,
                 run.hashes[: n_prompt // tpb],
             )
-            # A chunk it needs is in flight, or now comes from the shared tier: try again next
-            # step.
-            if ext is None or (self.remote is not None and self._promote(run, num_local)):
+            # A chunk it needs is in flight, or now comes from a tier behind the CPU tier: try
+            # again next step.
+            if ext is None or (self.tiers and self._promote(run, num_local)):
                 blocked.append(run)
                 continue
             new_blocks = run.blocks_needed - len(hit)
@@ -287,8 +291,10 @@ class Instance:
             self.reserved += run.reserved
             run.computed, run.cached = num_local + ext, len(hit)
             self.res.gpu_hit_tokens += num_local
-            remote = self._remote_tokens(run, num_local, ext) if run.promoted else 0
-            self.res.cpu_hit_tokens += ext - remote
+            disk = self._promoted_tokens(run, num_local, ext, "disk") if run.promoted else 0
+            remote = self._promoted_tokens(run, num_local, ext, "remote") if run.promoted else 0
+            self.res.cpu_hit_tokens += ext - disk - remote
+            self.res.disk_hit_tokens += disk
             self.res.remote_hit_tokens += remote
             # What computing them would have cost at their context, as `_step` charges it.
             self.cpu_hit_prefill_seconds += self.engine.prefill_seconds(num_local, ext)
@@ -305,9 +311,9 @@ class Instance:
 
     def _promote(self, run: Run, num_local: int) -> bool:
         """Starts copying into the CPU tier the chunks that continue its hit there from the
-        shared tier; True if it did. The window is the load's without `max_load_tokens`: the
-        scheduler's lookup caps what is loaded, not what is copied."""
-        assert self.remote is not None
+        first tier behind it that has them (the disk, then the shared tier); True if it did.
+        The window is the load's without `max_load_tokens`: the scheduler's lookup caps what is
+        loaded, not what is copied."""
         n_prompt, tpc, store = run.req.num_prompt, self.config.tokens_per_chunk, self.sched.store
         keys = KeyList()
         keys.extend_chunk_keys(run.hashes[: n_prompt // self.tpb], self.config.blocks_per_chunk)
@@ -319,27 +325,34 @@ class Instance:
         if pending:  # beyond a cap; the chunk is on its way here anyway
             return False
         start = first + hits
-        n = self.remote.tier.lookup_prefix(keys.view(start, end), self.now)
-        if not n:
-            return False
-        # The CPU hits before them first become the most recent, so that making room for the
-        # copy does not evict them; the copy's slots are pending, as a store's: not evictable,
-        # not loadable until it lands.
-        store.touch(keys.view(first, start), reuse=False)
-        plan = store.prepare_store(keys.view(start, start + n))
-        if plan is None or not plan.keys:  # no room now: it loads what the CPU tier has
-            return False
-        assert isinstance(plan.keys, KeyList)
-        lands = self.remote.read(plan.keys, self.now)
-        heapq.heappush(self.promotions, (lands, self.promotion_seq, plan.keys))
-        self.promotion_seq += 1
-        run.promoted.update(start + int(i) for i in plan.indices)
-        return True
+        for name, link in self.tiers:
+            n = link.tier.lookup_prefix(keys.view(start, end), self.now)
+            if not n:
+                continue
+            # The CPU hits before them first become the most recent, so that making room for
+            # the copy does not evict them; the copy's slots are pending, as a store's: not
+            # evictable, not loadable until it lands.
+            store.touch(keys.view(first, start), reuse=False)
+            plan = store.prepare_store(keys.view(start, start + n))
+            if plan is None or not plan.keys:  # no room now: it loads what the CPU tier has
+                return False
+            assert isinstance(plan.keys, KeyList)
+            lands = link.read(plan.keys, self.now)
+            heapq.heappush(self.promotions, (lands, self.promotion_seq, plan.keys))
+            self.promotion_seq += 1
+            run.promoted.update((start + int(i), name) for i in plan.indices)
+            return True
+        return False
 
-    def _remote_tokens(self, run: Run, num_local: int, ext: int) -> int:
-        """The loaded tokens `num_local .. num_local + ext` in chunks copied for it."""
+    def _promoted_tokens(self, run: Run, num_local: int, ext: int, tier: str) -> int:
+        """The loaded tokens `num_local .. num_local + ext` in chunks copied for it from
+        `tier`."""
         tpc, end = self.config.tokens_per_chunk, num_local + ext
-        return sum(max(0, min((j + 1) * tpc, end) - max(j * tpc, num_local)) for j in run.promoted)
+        return sum(
+            max(0, min((j + 1) * tpc, end) - max(j * tpc, num_local))
+            for j, name in run.promoted.items()
+            if name == tier
+        )
 
     def _complete_promotions(self) -> None:
         while self.promotions and self.promotions[0][0] <= self.now:
@@ -462,8 +475,8 @@ class Instance:
                     self.res.verified_chunks += len(job.slots)
             else:
                 self.data.store(job)
-                if self.remote is not None:
-                    self.remote.write(job.keys, self.now)
+                for _, link in self.tiers:
+                    link.write(job.keys, self.now)
             result = self._timed(self.sched.complete_job, job_id, True)
             if isinstance(job, LoadJob):
                 run.state = "prefill"
@@ -479,10 +492,10 @@ class Instance:
         res.chunks_read, res.bytes_read = sc.chunks_loaded, sc.bytes_loaded
         res.evictions, res.store_refusals = st.evictions, sc.store_refusals
         res.ignored_params = dict(sc.ignored_params)
-        if self.remote is not None:
-            res.remote_bytes_read = self.remote.bytes_read
-            res.remote_bytes_written = self.remote.bytes_written
-            res.remote_evictions = self.remote.evictions
+        for name, link in self.tiers:
+            setattr(res, f"{name}_bytes_read", link.bytes_read)
+            setattr(res, f"{name}_bytes_written", link.bytes_written)
+            setattr(res, f"{name}_evictions", link.evictions)
         res.prefill_seconds_saved = self.cpu_hit_prefill_seconds - res.load_stall_seconds
         res.simulated_seconds = self.now
         res.ttft_mean_s, res.ttft_p90_s, res.ttft_p99_s = ttft_stats(self.ttfts)

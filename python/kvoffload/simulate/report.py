@@ -15,11 +15,13 @@ class SimResult:
     gpu_hit_tokens: int = 0
     """Prompt tokens found in the GPU prefix cache."""
     cpu_hit_tokens: int = 0
-    """Prompt tokens loaded from the CPU tier (not copied there from the shared tier for it)."""
+    """Prompt tokens loaded from the CPU tier (not copied there from a tier behind it for it)."""
+    disk_hit_tokens: int = 0
+    """Prompt tokens copied from the instance's disk tier to the CPU tier, then loaded."""
     remote_hit_tokens: int = 0
     """Prompt tokens copied from the shared tier to the CPU tier, then loaded."""
     recomputed_tokens: int = 0
-    """Prompt tokens computed (`prompt = GPU hits + CPU hits + remote hits + recomputed`)."""
+    """Prompt tokens computed (`prompt = GPU + CPU + disk + remote hits + recomputed`)."""
     chunks_written: int = 0
     decode_chunks_written: int = 0
     """Written chunks holding any token past the prompt."""
@@ -41,6 +43,12 @@ class SimResult:
     steps: int = 0
     scheduler_seconds: float = 0.0
     """Real time spent inside the offload scheduler (and store)."""
+    disk_bytes_read: int = 0
+    """Bytes copied from the disk tier to the CPU tier."""
+    disk_bytes_written: int = 0
+    """Bytes written from the CPU tier to the disk tier."""
+    disk_evictions: int = 0
+    """Chunks the disk tier evicted."""
     remote_bytes_read: int = 0
     """Bytes copied from the shared tier to the CPU tier."""
     remote_bytes_written: int = 0
@@ -54,6 +62,10 @@ class SimResult:
     @property
     def cpu_hit_rate(self) -> float:
         return self.cpu_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def disk_hit_rate(self) -> float:
+        return self.disk_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
     def remote_hit_rate(self) -> float:
@@ -110,15 +122,30 @@ ROWS: list[tuple[str, Callable[[SimResult], tuple[float, str]]]] = [
     ),
 ]
 
-REMOTE_ROWS: dict[str, list[tuple[str, Callable[[SimResult], tuple[float, str]]]]] = {
-    "CPU-tier hits": [("remote-tier hits", _tokens("remote_hit_tokens"))],
-    "GB read CPU->GPU": [
-        ("GB read remote->CPU", lambda r: (r.remote_bytes_read, _gb(r.remote_bytes_read))),
-        ("GB written CPU->remote", lambda r: (r.remote_bytes_written, _gb(r.remote_bytes_written))),
-        ("remote evictions", lambda r: (r.remote_evictions, f"{r.remote_evictions:,}")),
-    ],
+TIERS = ("disk", "remote")
+"""The tiers behind the CPU tier, in lookup order: an instance's disk, the fleet's shared tier."""
+TIER_ROWS: dict[str, dict[str, list[tuple[str, Callable[[SimResult], tuple[float, str]]]]]] = {
+    "disk": {
+        "CPU-tier hits": [("disk-tier hits", _tokens("disk_hit_tokens"))],
+        "GB read CPU->GPU": [
+            ("GB read disk->CPU", lambda r: (r.disk_bytes_read, _gb(r.disk_bytes_read))),
+            ("GB written CPU->disk", lambda r: (r.disk_bytes_written, _gb(r.disk_bytes_written))),
+            ("disk evictions", lambda r: (r.disk_evictions, f"{r.disk_evictions:,}")),
+        ],
+    },
+    "remote": {
+        "CPU-tier hits": [("remote-tier hits", _tokens("remote_hit_tokens"))],
+        "GB read CPU->GPU": [
+            ("GB read remote->CPU", lambda r: (r.remote_bytes_read, _gb(r.remote_bytes_read))),
+            (
+                "GB written CPU->remote",
+                lambda r: (r.remote_bytes_written, _gb(r.remote_bytes_written)),
+            ),
+            ("remote evictions", lambda r: (r.remote_evictions, f"{r.remote_evictions:,}")),
+        ],
+    },
 }
-"""With a shared tier: the rows that follow the named row of `ROWS`."""
+"""Per tier behind the CPU tier: the rows that follow the named row of `ROWS` where it runs."""
 
 
 def _change(a: float, b: float) -> str:
@@ -141,13 +168,17 @@ def _grid(rows: Sequence[Sequence[str]], right_from: int = 1) -> str:
     )
 
 
-def table(labels: Sequence[str], results: Sequence[SimResult], remote: bool = False) -> str:
+def table(labels: Sequence[str], results: Sequence[SimResult], tiers: Sequence[str] = ()) -> str:
     """One column per result; with two, a last column of the change from the first (the
-    baseline) to the second; with `remote`, the shared tier's rows too."""
+    baseline) to the second; with `tiers` (of `TIERS`, those some run has), their rows too."""
     rows = [["", *labels]]
     if len(results) == 2:
         rows[0].append("change")
-    shown = [r for row in ROWS for r in [row, *(REMOTE_ROWS.get(row[0], []) if remote else [])]]
+    shown = [
+        r
+        for row in ROWS
+        for r in [row, *(extra for t in tiers for extra in TIER_ROWS[t].get(row[0], []))]
+    ]
     for label, value in shown:
         cells = [value(r) for r in results]
         row = [label] + [text for _, text in cells]
@@ -168,8 +199,8 @@ def table(labels: Sequence[str], results: Sequence[SimResult], remote: bool = Fa
 
 
 def all_hit_rate(r: SimResult) -> float:
-    """Prompt tokens not recomputed: GPU, CPU and remote hits together."""
-    return r.gpu_hit_rate + r.cpu_hit_rate + r.remote_hit_rate
+    """Prompt tokens not recomputed: GPU, CPU, disk and remote hits together."""
+    return r.gpu_hit_rate + r.cpu_hit_rate + r.disk_hit_rate + r.remote_hit_rate
 
 
 # A sweep's axis: its column title, and the columns of each run.
@@ -200,14 +231,18 @@ SWEEP_COLUMNS: dict[str, tuple[str, list[tuple[str, Callable[[SimResult], str]]]
 }
 
 
-def _with_remote(
-    columns: list[tuple[str, Callable[[SimResult], str]]], remote: bool
+_TIER_HITS: dict[str, tuple[str, Callable[[SimResult], str]]] = {
+    "disk": ("disk hits", lambda r: f"{r.disk_hit_rate:.1%}"),
+    "remote": ("remote hits", lambda r: f"{r.remote_hit_rate:.1%}"),
+}
+
+
+def _with_tiers(
+    columns: list[tuple[str, Callable[[SimResult], str]]], tiers: Sequence[str]
 ) -> list[tuple[str, Callable[[SimResult], str]]]:
-    """With a shared tier, its hit rate follows the CPU tier's."""
-    if not remote:
-        return columns
+    """The hit rates of `tiers` follow the CPU tier's, in lookup order."""
     at = [title for title, _ in columns].index("CPU hits") + 1
-    return [*columns[:at], ("remote hits", lambda r: f"{r.remote_hit_rate:.1%}"), *columns[at:]]
+    return [*columns[:at], *(_TIER_HITS[t] for t in tiers), *columns[at:]]
 
 
 def sweep_table(
@@ -215,12 +250,12 @@ def sweep_table(
     points: Sequence[float],
     labels: Sequence[str],
     results: Sequence[Sequence[SimResult]],
-    remote: bool = False,
+    tiers: Sequence[str] = (),
 ) -> str:
     """One row per point of the sweep along `axis` (a key of `SWEEP_COLUMNS`) and setting;
     `results[i][j]` is point `points[i]`, setting `labels[j]`."""
     name, columns = SWEEP_COLUMNS[axis]
-    columns = _with_remote(columns, remote)
+    columns = _with_tiers(columns, tiers)
     rows = [[name, "setting", *(title for title, _ in columns)]]
     for point, per_setting in zip(points, results, strict=True):
         for label, r in zip(labels, per_setting, strict=True):
@@ -254,9 +289,9 @@ def title(workload: Mapping[str, Any], engine: Mapping[str, Any]) -> str:
     )
 
 
-def instance_table(results: Sequence[SimResult], remote: bool = False) -> str:
+def instance_table(results: Sequence[SimResult], tiers: Sequence[str] = ()) -> str:
     """One row per instance of a fleet: what the router gave it and what its caches did (with
-    `remote`, its shared-tier hits and GB over its link each way too)."""
+    `tiers`, their hits, and the GB over its link to the shared tier each way)."""
     columns: list[tuple[str, Callable[[SimResult], str]]] = [
         ("requests", lambda r: f"{r.requests:,}"),
         ("GPU hits", lambda r: f"{r.gpu_hit_rate:.1%}"),
@@ -265,9 +300,10 @@ def instance_table(results: Sequence[SimResult], remote: bool = False) -> str:
         ("mean TTFT s", lambda r: f"{r.ttft_mean_s:.3f}"),
         ("p90 TTFT s", lambda r: f"{r.ttft_p90_s:.3f}"),
     ]
-    columns = _with_remote(columns, remote)
-    if remote:
-        columns[5:5] = [
+    columns = _with_tiers(columns, tiers)
+    if "remote" in tiers:
+        at = [title for title, _ in columns].index("GB written") + 1
+        columns[at:at] = [
             ("GB net in", lambda r: _gb(r.remote_bytes_read)),
             ("GB net out", lambda r: _gb(r.remote_bytes_written)),
         ]
@@ -283,8 +319,8 @@ def header(
     policies: Sequence[str],
     fleet: str | None = None,
 ) -> str:
-    """The title, the CPU tier, for a fleet its instances and router, and the shared tier if
-    any; then a blank line."""
+    """The title, the CPU tier, for a fleet its instances and router, and the disk and shared
+    tiers if any; then a blank line."""
     tier = ", ".join(f"{s:g}" for s in sizes)
     caps = [
         f"{k} {engine[k]}"
@@ -300,8 +336,19 @@ def header(
         f"{title(workload, engine)}\nCPU tier {tier} GiB ({'/'.join(policies)})"
         + (f", {', '.join(caps)}" if caps else "")
         + fleet_line
+        + _disk_line(engine)
         + _remote_line(engine)
         + "\n"
+    )
+
+
+def _disk_line(engine: Mapping[str, Any]) -> str:
+    if "disk_gib" not in engine:
+        return ""
+    return (
+        f"\ndisk tier {engine['disk_gib']:g} GiB ({engine['disk_chunks']:,} chunks, least "
+        f"recently used out first) behind each instance's CPU tier, at "
+        f"{engine['disk_gbps']:g} GB/s + {engine['disk_latency_ms']:g} ms per batch"
     )
 
 

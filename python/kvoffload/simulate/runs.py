@@ -21,8 +21,9 @@ DEFAULT_CPU_GIB = 8.0
 
 @dataclass(frozen=True)
 class Setting:
-    """One run: a fleet of `instances` behind `router`, each with a CPU tier of `cpu_gib`, and
-    a shared tier of `remote_gib` behind them all (None: none)."""
+    """One run: a fleet of `instances` behind `router`, each with a CPU tier of `cpu_gib` and a
+    disk tier of `disk_gib` behind it, and a shared tier of `remote_gib` behind them all (None:
+    no such tier)."""
 
     label: str
     offload_prompt_only: bool
@@ -31,6 +32,7 @@ class Setting:
     router: str
     cpu_gib: float
     remote_gib: float | None = None
+    disk_gib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,9 @@ def _compared(args: argparse.Namespace) -> list[Setting]:
         n: int,
         router: str,
         remote_gib: float | None = args.remote_gib,
+        disk_gib: float | None = args.disk_gib,
     ) -> Setting:
-        return Setting(label, prompt_only, policy, n, router, cpu_gib, remote_gib)
+        return Setting(label, prompt_only, policy, n, router, cpu_gib, remote_gib, disk_gib)
 
     if args.compare == "offload_prompt_only":
         if args.offload_decode:
@@ -133,6 +136,13 @@ def _compared(args: argparse.Namespace) -> list[Setting]:
             setting("no shared tier", prompt_only, policy, n, router, None),
             setting("shared tier", prompt_only, policy, n, router),
         ]
+    if args.compare == "disk_tier":
+        if args.disk_gib is None:
+            raise UsageError("--compare disk_tier needs --disk-gib (the disk tier's size)")
+        return [
+            setting("no disk tier", prompt_only, policy, n, router, disk_gib=None),
+            setting("disk tier", prompt_only, policy, n, router),
+        ]
     return [setting("result", prompt_only, policy, n, router)]
 
 
@@ -170,6 +180,14 @@ def _check_combinations(args: argparse.Namespace) -> None:
     elif args.verify_data:
         raise UsageError(
             "--verify-data cannot be combined with --remote-gib: the shared tier moves no bytes"
+        )
+    if args.disk_gib is None:
+        for name in ("disk_gbps", "disk_latency_ms"):
+            if getattr(args, name) is not None:
+                raise UsageError(f"--{name.replace('_', '-')} needs --disk-gib")
+    elif args.verify_data:
+        raise UsageError(
+            "--verify-data cannot be combined with --disk-gib: the disk tier moves no bytes"
         )
     for given, name in ((args.per_instance, "--per-instance"), (args.router, "--router")):
         if given and _fleet_size(args) < 2:

@@ -11,6 +11,10 @@ own their slots (as the real tier routes them), and it lands when both the insta
 every node link it used have moved it. Eviction approximates Redis's `allkeys-lru` with
 `maxmemory-samples 5` over the whole tier (keys spread evenly over the nodes): sample 5 keys at
 random, evict the least recently used of them.
+
+The same model stands for an instance's own disk tier (`disk_tier`): one per instance, its link the
+drive's (`gbps` per direction, `latency_ms` per batch), its eviction the disk tier's least
+recently used (`lru_samples=64`: about exact).
 """
 
 from __future__ import annotations
@@ -39,8 +43,14 @@ class SharedTierConfig:
     """Primaries the keys are spread over (a Redis Cluster's), each with its own link."""
     node_gbps: float | None = None
     """GB/s of each node's link, per direction, shared by every instance; None: not modelled."""
+    lru_samples: int = LRU_SAMPLES
+    """Keys sampled per eviction (1 to 64; the disk tier's exact LRU: 64)."""
 
     def __post_init__(self) -> None:
+        if type(self.lru_samples) is not int or not 1 <= self.lru_samples <= 64:
+            raise ValueError(
+                f"lru_samples={self.lru_samples!r} is invalid: expected an int in [1, 64]"
+            )
         if type(self.nodes) is not int or not 1 <= self.nodes <= 1000:
             raise ValueError(f"nodes={self.nodes!r} is invalid: expected an int in [1, 1000]")
         if self.node_gbps is not None and (
@@ -59,13 +69,27 @@ class SharedTierConfig:
             )
 
 
+def disk_tier(
+    capacity: int, *, gbps: float | None = None, latency_ms: float | None = None, seed: int = 0
+) -> SharedTierConfig:
+    """An instance's disk tier of `capacity` chunks: by default an NVMe drive's 5 GB/s per
+    direction (2 MiB chunks, `O_DIRECT`) and 0.1 ms a batch; least recently used out first."""
+    return SharedTierConfig(
+        capacity,
+        gbps=5.0 if gbps is None else gbps,
+        latency_ms=0.1 if latency_ms is None else latency_ms,
+        seed=seed,
+        lru_samples=64,
+    )
+
+
 class SimulatedSharedTier:
     """The server: which keys it holds and when each becomes readable (in Rust: a batch of
     keys is one call)."""
 
     def __init__(self, config: SharedTierConfig) -> None:
         self.config = config
-        self._keys = _rust.SampledLru(config.capacity, LRU_SAMPLES, config.seed)
+        self._keys = _rust.SampledLru(config.capacity, config.lru_samples, config.seed)
         self._node_free = {"read": [0.0] * config.nodes, "write": [0.0] * config.nodes}
         self.node_bytes = {"read": [0] * config.nodes, "write": [0] * config.nodes}
         """Bytes each node's link moved, per direction."""
