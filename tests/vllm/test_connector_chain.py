@@ -229,6 +229,8 @@ def test_a_directory_removed_under_a_running_engine_costs_hits_not_service(model
             ],
             "'enable_kv_events' is read only by vLLM",
         ),
+        ([disk(Path("/tmp/x"), breaker_failures=0)], r"\[0\]: DiskTier breaker_failures=0"),
+        ([disk(Path("/tmp/x"), breaker_cooldown_s="10")], "breaker_cooldown_s='10'"),
     ],
 )
 def test_bad_entries_stop_start_up_naming_the_key(model_dir, tiers, match):
@@ -280,3 +282,27 @@ def test_engines_sharing_a_directory_hold_its_capacity_together(model_dir, tmp_p
     assert len(files(tmp_path / "shared")) <= 6 + 2  # within one chunk per engine
     # The most recent chunks are still there, and a restarted engine loads them.
     assert serve(engine(model_dir, entry), "c", prompt(73, 36)) == 36
+
+
+def test_a_failing_disk_costs_its_hits_and_redis_behind_it_still_serves(model_dir, tmp_path, redis):
+    import shutil
+
+    # A cool-down longer than the test, so the disk stays down once tripped.
+    rig = engine(model_dir, disk(tmp_path, breaker_cooldown_s=600), redis_tier(redis))
+    serve(rig, "a", PROMPT)
+    (namespace_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    # The tier's directory becomes a file: every read and write fails (ENOTDIR).
+    shutil.rmtree(namespace_dir)
+    namespace_dir.write_bytes(b"not a directory")
+    rig.cpu_store().reset()
+    rig.reset_gpu_prefix_cache()
+    # The scheduler's index still lists the chunks: the disk's promotion fails on the worker
+    # (never served wrong), the chunks become misses on the disk, and the request, still
+    # waiting, finds them in Redis.
+    assert serve(rig, "b", PROMPT) == 60
+    assert rig.checked_positions["b"] >= 60
+    assert stats(rig).remote_chunks_failed == 5
+    assert tier_stats(rig, 1)["loaded_chunks"] == 5
+    disk_stats = tier_stats(rig, 0)
+    assert disk_stats["breaker_state"] == 1  # down: 3 I/O failures in a row
+    assert disk_stats["load_failures"] + disk_stats["denied"] == 5

@@ -175,3 +175,31 @@ def test_a_chain_promotes_from_the_disk_first_then_redis(model_dir, tmp_path, re
 def test_bad_entries_stop_start_up_naming_the_key(model_dir, tmp_path, options, match):
     with pytest.raises(ConfigError, match=match):
         engine(model_dir, tmp_path, **options)
+
+
+def test_a_failing_disk_trips_the_breaker_and_the_engine_keeps_serving(model_dir, tmp_path):
+    import shutil
+
+    # A cool-down longer than the test, so the tier stays down once tripped.
+    one = engine(model_dir, tmp_path, breaker_cooldown_s=600)
+    serve(one, "a", PROMPT)
+    settle(one)
+    (disk,) = tiers(one)
+    (namespace_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    # The tier's directory becomes a file: every write fails (ENOTDIR), a real I/O error.
+    shutil.rmtree(namespace_dir)
+    namespace_dir.write_bytes(b"not a directory")
+    for i in range(3):
+        serve(one, f"b{i}", prompt(500 + i, 36))
+        settle(one)
+    stats = disk.stats()
+    assert stats["breaker_state"] == 1  # down after 3 failures in a row (the default)
+    assert stats["store_failures"] == 3
+    assert stats["denied"] >= 1  # the rest failed at once, with no I/O
+    assert disk.get_stats().data["data"]["kvoffload:disk_tier_breaker_state"] == {("DiskTier",): 1}
+    # The engine serves on, from its CPU tier (lookups of the disk miss at once: the Rust
+    # tests check that).
+    one.reset_gpu_prefix_cache()
+    assert serve(one, "c", PROMPT) == 60
+    assert one.checked_positions["c"] >= 60
+    assert disk.stats()["load_failures"] == 0

@@ -45,6 +45,8 @@ class DiskClient:
                 io_threads=config.io_threads if io_threads is None else io_threads,
                 rescan_interval_s=config.rescan_interval_s,
                 max_store_bytes_in_flight=config.max_store_bytes_in_flight,
+                breaker_failures=config.breaker_failures,
+                breaker_cooldown_s=config.breaker_cooldown_s,
             )
         except (ValueError, OSError) as exc:
             raise ConfigError(f"DiskTier path={config.path!r}: {exc}") from exc
@@ -60,6 +62,12 @@ class DiskClient:
     def scanned(self) -> bool:
         """Whether what the directory held at start-up is in the index yet."""
         return self._tier.scanned
+
+    @property
+    def state(self) -> str:
+        """The breaker: "up", "down" (a failing disk: every chunk fails at once, lookups miss)
+        or "half-open"."""
+        return self._tier.state
 
     @property
     def last_error(self) -> str | None:

@@ -26,6 +26,8 @@ class DiskTierConfig:
     io_threads: int = 8
     rescan_interval_s: float = 10.0
     max_store_bytes_in_flight: int = 1 << 30
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 10.0
     enable_kv_events: bool = False
 
     @classmethod
@@ -81,7 +83,30 @@ class DiskTierConfig:
                 f"DiskTier max_store_bytes_in_flight={max_store!r} is invalid: expected an int "
                 "in [1, 2**40] (stores past it are dropped, never queued)"
             )
+        failures = entry.get("breaker_failures", 3)
+        if type(failures) is not int or not 1 <= failures <= 1000:
+            raise ConfigError(
+                f"DiskTier breaker_failures={failures!r} is invalid: expected an int in [1, 1000] "
+                "(I/O failures in a row that mark the disk down)"
+            )
+        cooldown = entry.get("breaker_cooldown_s", 10.0)
+        if type(cooldown) not in (int, float) or not 0.01 <= cooldown <= 3600:
+            raise ConfigError(
+                f"DiskTier breaker_cooldown_s={cooldown!r} is invalid: expected seconds in "
+                "[0.01, 3600] (how long a failing disk is left alone before a probe)"
+            )
         events = entry.get("enable_kv_events", False)
         if type(events) is not bool:
             raise ConfigError(f"DiskTier enable_kv_events={events!r} is invalid: true or false")
-        return cls(path, capacity, namespace, direct, threads, float(rescan), max_store, events)
+        return cls(
+            path,
+            capacity,
+            namespace,
+            direct,
+            threads,
+            float(rescan),
+            max_store,
+            failures,
+            float(cooldown),
+            events,
+        )

@@ -48,6 +48,7 @@ _COUNTERS = {
     "stores_dropped": "Chunks not written because max_store_bytes_in_flight was reached.",
     "load_missing": "Chunks a load found absent (evicted, or removed by another engine).",
     "evicted": "Chunks evicted to hold capacity_bytes.",
+    "denied": "Chunks failed at once, with no I/O, while the breaker was open (a failing disk).",
 }
 # Chunks whose load failed stay misses (vLLM's livelock guard) until stored again; at most this
 # many are remembered, oldest forgotten first.
@@ -150,6 +151,10 @@ class DiskTier(ChunkTier):
         metrics[_METRIC + "chunks"] = OffloadingGaugeMetadata(
             documentation="Chunks the tier holds (its index).", labelnames=labels
         )
+        metrics[_METRIC + "breaker_state"] = OffloadingGaugeMetadata(
+            documentation="The breaker: 0 up, 1 down (a failing disk), 2 half-open (a probe).",
+            labelnames=labels,
+        )
         return metrics
 
     def get_stats(self) -> OffloadingConnectorStats | None:
@@ -162,6 +167,7 @@ class DiskTier(ChunkTier):
                 stats.increase_counter(_METRIC + name, delta, label)
                 self._reported[name] = now[name]
         stats.set_gauge(_METRIC + "chunks", now["chunks"], label)
+        stats.set_gauge(_METRIC + "breaker_state", now["breaker_state"], label)
         return stats
 
     @property

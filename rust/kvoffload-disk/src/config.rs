@@ -26,6 +26,10 @@ pub struct DiskConfig {
     pub rescan: Option<std::time::Duration>,
     /// Bytes of stores queued or being written past which a store job is dropped (DROPPED).
     pub max_store_bytes_in_flight: u64,
+    /// I/O failures in a row (not a full filesystem) that mark the tier down.
+    pub breaker_failures: u32,
+    /// How long it stays down (every item fails at once, with no I/O) before one probes it.
+    pub breaker_cooldown: std::time::Duration,
 }
 
 /// At most 1 GiB per chunk: larger is a mistake in the caller's arithmetic.
@@ -39,6 +43,8 @@ impl DiskConfig {
             direct: DirectIo::Auto,
             rescan: Some(std::time::Duration::from_secs(10)),
             max_store_bytes_in_flight: 1 << 30,
+            breaker_failures: 3,
+            breaker_cooldown: std::time::Duration::from_secs(10),
         }
     }
 
@@ -48,6 +54,11 @@ impl DiskConfig {
                 "chunk_bytes={} is out of range; allowed: 1 to {MAX_CHUNK_BYTES}",
                 self.chunk_bytes
             )));
+        }
+        if self.breaker_failures == 0 {
+            return Err(DiskError::Config(
+                "breaker_failures=0 is out of range; allowed: 1 or more".into(),
+            ));
         }
         if self.path.as_os_str().is_empty() {
             return Err(DiskError::Config(

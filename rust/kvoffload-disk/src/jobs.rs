@@ -10,6 +10,7 @@ use crate::error::{DiskError, Result};
 use crate::files;
 use crate::index::Index;
 use crate::tier::{DiskTier, Loaded, Stored};
+use kvoffload_format::breaker::{Admit, Breaker, BreakerState};
 use kvoffload_format::buf::{first_overlap, RawBuf, RawBufMut};
 use kvoffload_format::status::{CORRUPT, DROPPED, EXISTS, FAILED, MISSING, OK, PENDING};
 use std::collections::HashSet;
@@ -60,6 +61,11 @@ struct Shared {
     max_store_bytes: u64,
     dropped: AtomicU64,
     last_error: Mutex<Option<String>>,
+    /// Trips on I/O failures in a row: a failing disk then costs no I/O (and no thread's wait)
+    /// per item until a probe finds it working again.
+    breaker: Breaker,
+    /// Items failed at once, with no I/O, while the breaker was open.
+    denied: AtomicU64,
 }
 
 impl Shared {
@@ -103,6 +109,7 @@ impl DiskJobs {
         }
         let rescan = cfg.rescan;
         let max_store_bytes = cfg.max_store_bytes_in_flight;
+        let breaker = Breaker::new(cfg.breaker_failures, cfg.breaker_cooldown);
         let tier = DiskTier::open(cfg, ns)?;
         let sh = Arc::new(Shared {
             tier,
@@ -125,6 +132,8 @@ impl DiskJobs {
             max_store_bytes,
             dropped: AtomicU64::new(0),
             last_error: Mutex::new(None),
+            breaker,
+            denied: AtomicU64::new(0),
         });
         let jobs = DiskJobs {
             sh: sh.clone(),
@@ -174,6 +183,16 @@ impl DiskJobs {
         self.sh.dropped.load(Ordering::Relaxed)
     }
 
+    /// The breaker: "down" while a failing disk is left alone (every item fails at once).
+    pub fn state(&self) -> BreakerState {
+        self.sh.breaker.state()
+    }
+
+    /// Items failed at once, with no I/O, while the breaker was open.
+    pub fn denied(&self) -> u64 {
+        self.sh.denied.load(Ordering::Relaxed)
+    }
+
     /// Chunks the index holds, and chunks evicted to hold the capacity.
     pub fn counts(&self) -> (usize, u64) {
         (
@@ -182,8 +201,12 @@ impl DiskJobs {
         )
     }
 
-    /// How many of `keys`, from the first, the index holds (no I/O).
+    /// How many of `keys`, from the first, the index holds (no I/O); none while the breaker is
+    /// open (a load would fail).
     pub fn lookup_prefix(&self, keys: &[&[u8]]) -> usize {
+        if self.sh.breaker.state() == BreakerState::Down {
+            return 0;
+        }
         let ix = self.sh.index();
         keys.iter().take_while(|k| ix.contains(k)).count()
     }
@@ -370,19 +393,28 @@ fn worker(sh: &Shared) {
 }
 
 fn run(sh: &Shared, item: Item) -> u8 {
+    let admit = sh.breaker.admit();
+    if admit == Admit::Deny {
+        sh.denied.fetch_add(1, Ordering::Relaxed);
+        return FAILED;
+    }
     let key = match &item {
         Item::Store(k, _) | Item::Load(k, _) => k.clone(),
     };
     // A chunk in flight is not evicted: its file would go while the index says it is there.
     sh.index().busy(&key, true);
+    // An I/O error is the disk's fault; a full filesystem, a missing or damaged file are not.
+    let mut fault = false;
+    let mut failed = |e: DiskError| {
+        fault = matches!(e, DiskError::Io(..)) && !e.is_full();
+        sh.note(e.to_string());
+        FAILED
+    };
     let status = match item {
         Item::Store(key, buf) => match sh.tier.store(&key, buf.slice()) {
             Stored::Written => OK,
             Stored::Exists => EXISTS,
-            Stored::Failed(e) => {
-                sh.note(e.to_string());
-                FAILED
-            }
+            Stored::Failed(e) => failed(e),
         },
         Item::Load(key, mut buf) => match sh.tier.load(&key, buf.slice_mut()) {
             Loaded::Ok => OK,
@@ -391,12 +423,23 @@ fn run(sh: &Shared, item: Item) -> u8 {
                 sh.note(format!("a damaged chunk file (removed): {why}"));
                 CORRUPT
             }
-            Loaded::Failed(e) => {
-                sh.note(e.to_string());
-                FAILED
-            }
+            Loaded::Failed(e) => failed(e),
         },
     };
+    if !fault {
+        sh.breaker.success();
+    } else if sh.breaker.failure(admit == Admit::Probe) {
+        let why = sh
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        sh.note(format!(
+            "the disk tier is down after I/O failures in a row (every chunk fails at once until \
+             a probe works): {}",
+            why.unwrap_or_default()
+        ));
+    }
     {
         let mut ix = sh.index();
         ix.busy(&key, false);

@@ -20,5 +20,6 @@ mod tier;
 pub use config::{DirectIo, DiskConfig};
 pub use error::{DiskError, Result};
 pub use jobs::{Completion, DiskJobs};
+pub use kvoffload_format::breaker::BreakerState;
 pub use stats::Stats;
 pub use tier::{DiskTier, Loaded, Stored};

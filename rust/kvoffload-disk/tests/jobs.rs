@@ -4,9 +4,9 @@
 mod common;
 
 use common::TempDir;
-use kvoffload_disk::{DiskConfig, DiskJobs};
+use kvoffload_disk::{BreakerState, DiskConfig, DiskJobs};
 use kvoffload_format::buf::{RawBuf, RawBufMut};
-use kvoffload_format::status::{DROPPED, EXISTS, MISSING, OK};
+use kvoffload_format::status::{DROPPED, EXISTS, FAILED, MISSING, OK};
 use std::time::{Duration, Instant};
 
 const NS: [u8; 16] = *b"disk-jobs-tests!";
@@ -282,4 +282,42 @@ fn a_lookup_handle_learns_of_writes_by_note_and_of_evictions_by_rescan() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(files_on_disk(&lookups), 2);
+}
+
+#[test]
+fn a_failing_disk_trips_the_breaker_and_a_probe_brings_it_back() {
+    let d = TempDir::new("breaker");
+    let mut cfg = DiskConfig::new(&d.0, CHUNK);
+    cfg.rescan = None;
+    cfg.breaker_cooldown = Duration::from_millis(300);
+    let jobs = DiskJobs::open(cfg, NS, 100 * FILE, 1).unwrap(); // one thread: items in order
+    assert_eq!(store(&jobs, &[0]), vec![OK]);
+    // The tier's directory becomes a file: every write fails (ENOTDIR), a real I/O error.
+    let dir = jobs.tier().dir().to_path_buf();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::write(&dir, b"not a directory").unwrap();
+    assert_eq!(store(&jobs, &[1, 2, 3]), vec![FAILED; 3]);
+    assert_eq!(jobs.state(), BreakerState::Down); // 3 in a row: the default
+    assert!(jobs.last_error().unwrap().contains("the disk tier is down"));
+    // Down: every item fails at once, with no I/O, and lookups miss.
+    assert_eq!(store(&jobs, &[4, 5]), vec![FAILED; 2]);
+    assert_eq!(load(&jobs, &[0]).0, vec![FAILED]);
+    assert_eq!(jobs.tier().stats().store_failures, 3);
+    assert_eq!(jobs.denied(), 3);
+    assert_eq!(jobs.lookup_prefix(&[&key(0)]), 0);
+    // The disk is back: after the cool-down one item probes it, and the tier is up again.
+    std::fs::remove_file(&dir).unwrap();
+    std::thread::sleep(Duration::from_millis(350));
+    assert_eq!(jobs.state(), BreakerState::HalfOpen);
+    assert_eq!(store(&jobs, &[6]), vec![OK]);
+    assert_eq!(jobs.state(), BreakerState::Up);
+    assert_eq!(store(&jobs, &[7, 8]), vec![OK; 2]);
+}
+
+#[test]
+fn missing_files_are_not_a_failing_disk() {
+    let d = TempDir::new("not-faults");
+    let jobs = open(&d, 100, 1);
+    assert_eq!(load(&jobs, &[1, 2, 3, 4]).0, vec![MISSING; 4]);
+    assert_eq!(jobs.state(), BreakerState::Up);
 }

@@ -1,11 +1,12 @@
 //! What every tier of kvoffload shares: the caller's memory lent to a job ([`buf`]), the status
-//! of each item of a job ([`status`]), and the value format every tier writes: a 64-byte header (magic, format version,
+//! of each item of a job ([`status`]), the circuit breaker ([`breaker`]), and the value format every tier writes: a 64-byte header (magic, format version,
 //! lengths, the namespace digest, a digest of the chunk's key, a CRC32C of the payload and one of
 //! the header) before the chunk's bytes, so a truncated, overwritten, flipped or foreign value is
 //! never served. A tier may keep a chunk in one piece ([`Layout::whole`]: a file) or keep its last
 //! [`TAIL_LEN`] bytes beside the header and the rest apart ([`Layout::new`]: Redis, where a value
 //! of exactly a power of two costs 25% more).
 
+pub mod breaker;
 pub mod buf;
 pub mod status;
 

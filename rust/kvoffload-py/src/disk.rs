@@ -3,7 +3,7 @@
 
 use crate::keys::KeyArg;
 use crate::lent::{load_items, store_items, Lent};
-use kvoffload_disk::{DirectIo, DiskConfig, DiskError, DiskJobs};
+use kvoffload_disk::{BreakerState, DirectIo, DiskConfig, DiskError, DiskJobs};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -51,6 +51,7 @@ impl DiskTier {
     #[pyo3(signature = (
         path, namespace, chunk_bytes, capacity_bytes, *, direct_io = "auto", io_threads = 8,
         rescan_interval_s = 10.0, max_store_bytes_in_flight = 1_073_741_824,
+        breaker_failures = 3, breaker_cooldown_s = 10.0,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -63,7 +64,15 @@ impl DiskTier {
         io_threads: usize,
         rescan_interval_s: f64,
         max_store_bytes_in_flight: u64,
+        breaker_failures: u32,
+        breaker_cooldown_s: f64,
     ) -> PyResult<Self> {
+        if !breaker_cooldown_s.is_finite() || !(0.0..=3600.0).contains(&breaker_cooldown_s) {
+            return Err(PyValueError::new_err(format!(
+                "breaker_cooldown_s={breaker_cooldown_s} is out of range; allowed: 0 to 3600 \
+                 seconds"
+            )));
+        }
         if !rescan_interval_s.is_finite() || !(0.0..=86400.0).contains(&rescan_interval_s) {
             return Err(PyValueError::new_err(format!(
                 "rescan_interval_s={rescan_interval_s} is out of range; allowed: 0 (only at \
@@ -90,6 +99,8 @@ impl DiskTier {
         cfg.direct = direct;
         cfg.rescan = (rescan_interval_s > 0.0).then(|| Duration::from_secs_f64(rescan_interval_s));
         cfg.max_store_bytes_in_flight = max_store_bytes_in_flight;
+        cfg.breaker_failures = breaker_failures;
+        cfg.breaker_cooldown = Duration::from_secs_f64(breaker_cooldown_s);
         let jobs = py
             .detach(|| DiskJobs::open(cfg, ns, capacity_bytes, io_threads))
             .map_err(to_py)?;
@@ -120,6 +131,12 @@ impl DiskTier {
     #[getter]
     fn last_error(&self) -> Option<String> {
         self.jobs.last_error()
+    }
+
+    /// The breaker: "up", "down" (a failing disk: every item fails at once) or "half-open".
+    #[getter]
+    fn state(&self) -> &'static str {
+        self.jobs.state().name()
     }
 
     /// How many of `keys`, from the first, the tier holds (its index: no I/O).
@@ -239,6 +256,8 @@ impl DiskTier {
             ("bytes_written", s.bytes_written),
             ("bytes_read", s.bytes_read),
             ("stores_dropped", self.jobs.stores_dropped()),
+            ("denied", self.jobs.denied()),
+            ("breaker_state", breaker_state(self.jobs.state())),
             ("chunks", chunks as u64),
             ("evicted", evicted),
         ] {
@@ -251,6 +270,15 @@ impl DiskTier {
     fn close(&self, py: Python<'_>) {
         py.detach(|| self.jobs.close());
         self.lent.clear();
+    }
+}
+
+/// As the Redis tier reports it: 0 up, 1 down, 2 half-open.
+fn breaker_state(state: BreakerState) -> u64 {
+    match state {
+        BreakerState::Up => 0,
+        BreakerState::Down => 1,
+        BreakerState::HalfOpen => 2,
     }
 }
 
