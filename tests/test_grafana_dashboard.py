@@ -3,9 +3,11 @@ kvoffload exports, under the names Prometheus scrapes.
 
 The names are read from the sources with `ast`, so that this runs without vLLM:
 `kvoffload/vllm/stats.py` (`_COUNTERS`, `GAUGES`, exported by `KVOffloadPromMetrics` under the
-prefix of its f-strings) and `kvoffload/vllm/redis_tier.py` (`_COUNTERS` and the gauges of
-`RedisTier.build_metric_definitions`, under `_METRIC`). prometheus_client scrapes a counter
-named `x` as `x_total`, and a gauge under its own name.
+prefix of its f-strings, and the per-node and per-disk reports under `_NODE_METRIC` and
+`_DISK_METRIC`), `kvoffload/vllm/redis_tier.py` (`_COUNTERS` and the gauges of
+`RedisTier.build_metric_definitions`, under `_METRIC`) and `kvoffload/vllm/disk_tier.py` (the
+disk report's `DISK_COUNTERS` and `DISK_GAUGES`, under `_METRIC`). prometheus_client scrapes a
+counter named `x` as `x_total`, and a gauge under its own name.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ DASHBOARD = ROOT / "docs" / "grafana" / "kvoffload-dashboard.json"
 OPERATIONS = ROOT / "docs" / "operations.md"
 STATS = ROOT / "python" / "kvoffload" / "vllm" / "stats.py"
 REDIS_TIER = ROOT / "python" / "kvoffload" / "vllm" / "redis_tier.py"
+DISK_TIER = ROOT / "python" / "kvoffload" / "vllm" / "disk_tier.py"
 NODES = ROOT / "python" / "kvoffload" / "remote" / "nodes.py"
+DISK_REPORT = ROOT / "python" / "kvoffload" / "disk" / "report.py"
 
 # What a metric name may look like in PromQL; ours are the ones that mention kvoffload.
 IDENTIFIER = re.compile(r"(?<![\w:$])[A-Za-z_:][A-Za-z0-9_:]*")
-OURS = re.compile(r"(?:vllm:kvoffload_|kvoffload:redis_tier_)[a-z_]+")
+OURS = re.compile(r"(?:vllm:kvoffload_|kvoffload:redis_tier_|kvoffload:disk_tier_)[a-z_]+")
 
 
 def scraped(name: str, kind: str) -> str:
@@ -70,17 +74,22 @@ def _name_prefixes(tree: ast.Module, factory: str) -> set[str]:
     return prefixes
 
 
-def _node_metrics(tree: ast.Module) -> dict[str, str]:
-    """The per-node metrics of a module: its `_NODE_METRIC` + each name of `NODE_COUNTERS` and
-    `NODE_GAUGES` (`kvoffload/remote/nodes.py`)."""
-    prefix = _module_literal(tree, "_NODE_METRIC")
-    nodes = ast.parse(NODES.read_text())
-    counters = _module_literal(nodes, "NODE_COUNTERS")
-    gauges = _module_literal(nodes, "NODE_GAUGES")
+def _report_metrics(tree: ast.Module, prefix_name: str, kind: str) -> dict[str, str]:
+    """A per-node (`kind` "NODE": `kvoffload/remote/nodes.py`) or per-disk ("DISK":
+    `kvoffload/disk/report.py`) report's metrics in a module: its `prefix_name` constant + each
+    name of the report's `<kind>_COUNTERS` and `<kind>_GAUGES`."""
+    prefix = _module_literal(tree, prefix_name)
+    report = ast.parse((NODES if kind == "NODE" else DISK_REPORT).read_text())
+    counters = _module_literal(report, f"{kind}_COUNTERS")
+    gauges = _module_literal(report, f"{kind}_GAUGES")
     assert isinstance(prefix, str) and isinstance(counters, dict) and isinstance(gauges, dict)
     out = {scraped(prefix + n, "counter"): "counter" for n in counters}
     out.update({scraped(prefix + n, "gauge"): "gauge" for n in gauges})
     return out
+
+
+def _node_metrics(tree: ast.Module) -> dict[str, str]:
+    return _report_metrics(tree, "_NODE_METRIC", "NODE")
 
 
 def connector_metrics() -> dict[str, str]:
@@ -94,7 +103,22 @@ def connector_metrics() -> dict[str, str]:
     out = {scraped(counter_prefix + n, "counter"): "counter" for n in counters}
     out.update({scraped(gauge_prefix + n, "gauge"): "gauge" for n in gauges})
     out.update(_node_metrics(tree))
+    out.update(_report_metrics(tree, "_DISK_METRIC", "DISK"))
     return out
+
+
+def disk_tier_metrics() -> dict[str, str]:
+    """DiskTier's metrics (through vLLM's OffloadingConnector): the disk report's, under its
+    `_METRIC`."""
+    tree = ast.parse(DISK_TIER.read_text())
+    (build,) = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "build_metric_definitions"
+    ]
+    source = ast.unparse(build)
+    assert "DISK_COUNTERS.items()" in source and "DISK_GAUGES.items()" in source
+    return _report_metrics(tree, "_METRIC", "DISK")
 
 
 def redis_tier_metrics() -> dict[str, str]:
@@ -141,7 +165,7 @@ def redis_tier_metrics() -> dict[str, str]:
 
 
 def exported() -> dict[str, str]:
-    return {**connector_metrics(), **redis_tier_metrics()}
+    return {**connector_metrics(), **redis_tier_metrics(), **disk_tier_metrics()}
 
 
 def dashboard() -> dict:
@@ -189,8 +213,13 @@ def test_the_sources_give_the_expected_names():
     assert names["vllm:kvoffload_remote_node_resting"] == "gauge"
     assert names["kvoffload:redis_tier_node_failures_total"] == "counter"
     assert names["kvoffload:redis_tier_node_resting"] == "gauge"
-    assert len(connector_metrics()) == 18 + 4
+    assert names["vllm:kvoffload_disk_corrupt_total"] == "counter"
+    assert names["vllm:kvoffload_disk_breaker_state"] == "gauge"
+    assert names["kvoffload:disk_tier_denied_total"] == "counter"
+    assert names["kvoffload:disk_tier_chunks"] == "gauge"
+    assert len(connector_metrics()) == 18 + 4 + 9
     assert len(redis_tier_metrics()) == 6 + 4
+    assert len(disk_tier_metrics()) == 9
 
 
 def test_suffix_rule_is_prometheus_clients():
@@ -286,7 +315,7 @@ def test_vllm_scrapes_these_names():
     )
 
     from kvoffload.vllm.redis_tier import _BREAKER_STATES
-    from kvoffload.vllm.stats import NODES, KVOffloadPromMetrics
+    from kvoffload.vllm.stats import DISKS, NODES, KVOffloadPromMetrics
 
     registry = prometheus_client.CollectorRegistry()
     metric_types = {
@@ -294,19 +323,25 @@ def test_vllm_scrapes_these_names():
         for cls in (prometheus_client.Counter, prometheus_client.Gauge, prometheus_client.Histogram)
     }
     tier = {"type": "RedisTier", "module_path": "kvoffload.vllm", "url": "redis://h:1"}
-    extra = {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [tier]}
+    disk_tier = {"type": "DiskTier", "module_path": "kvoffload.vllm", "path": "/mnt/nvme/kv"}
+    extra = {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [tier, disk_tier]}
     config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra))
     labelnames, per_engine = ["model_name", "engine"], {0: ["m", "0"]}
     connector = KVOffloadPromMetrics(config, metric_types, labelnames, per_engine)
     # The per-node series appear once a node is reported (their `node` label bound then).
     report = dict.fromkeys(("bytes_written", "bytes_read", "failures", "resting"), 1)
     connector.observe({NODES: {"h:1": report}})
+    # So do the per-disk ones once a disk tier is reported (their `path` label).
+    disk = {name.removesuffix("_total").split("disk_tier_")[1]: 1 for name in disk_tier_metrics()}
+    connector.observe({DISKS: {"/mnt/nvme/kv": disk}})
     offloading = OffloadPromMetrics(config, metric_types, labelnames, per_engine)
-    # RedisTier's series appear once observed (vLLM binds their `tier` label on first use).
-    created = {name.removesuffix("_total"): kind for name, kind in redis_tier_metrics().items()}
+    # Our tiers' series appear once observed (vLLM binds their `tier` label on first use).
+    tiers = {**redis_tier_metrics(), **disk_tier_metrics()}
+    created = {name.removesuffix("_total"): kind for name, kind in tiers.items()}
 
     def labels(name: str) -> tuple[str, ...]:
-        return ("RedisTier", "h:1") if "_node_" in name else ("RedisTier",)
+        tier = "DiskTier" if "disk_tier" in name else "RedisTier"
+        return (tier, "h:1") if "_node_" in name else (tier,)
 
     offloading.observe(
         {
@@ -327,4 +362,7 @@ def test_vllm_scrapes_these_names():
     assert samples["vllm:kvoffload_lookups_total"].startswith('engine="0",model_name="m"}')
     assert samples["vllm:kvoffload_remote_node_resting"].startswith(
         'engine="0",model_name="m",node="h:1"}'
+    )
+    assert samples["vllm:kvoffload_disk_breaker_state"].startswith(
+        'engine="0",model_name="m",path="/mnt/nvme/kv"}'
     )

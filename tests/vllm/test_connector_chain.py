@@ -17,6 +17,7 @@ import pytest
 from rig import Rig, make_rig, prompt
 
 from kvoffload import ConfigError
+from kvoffload.vllm.stats import DISKS
 from redis_server import RedisServer
 
 PROMPT = prompt(7, 60)
@@ -173,6 +174,11 @@ def test_damaged_files_are_recomputed_never_served(model_dir, tmp_path):
     assert two.checked_positions["b"] >= 59
     assert tier_stats(two, 0)["corrupt"] >= 1
     assert stats(two).remote_chunks_failed >= 1
+    # The worker reported it for the metrics (vllm:kvoffload_disk_*{path=...}), as vLLM
+    # collected it step by step.
+    reports = [r[DISKS][str(tmp_path)] for r in two.connector_stats if DISKS in r]
+    assert sum(r["corrupt"] for r in reports) == tier_stats(two, 0)["corrupt"]
+    assert reports[-1]["breaker_state"] == 0
     # The damaged files were removed and engine 2's own writes replaced them.
     assert serve(engine(model_dir, disk(tmp_path)), "c", PROMPT) == 60
 

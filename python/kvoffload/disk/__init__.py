@@ -10,5 +10,14 @@ scheduler's view of it (a link of `secondary_tiers` in `OffloadScheduler`). The 
 from kvoffload.disk.client import DiskClient
 from kvoffload.disk.config import DRAIN_TIMEOUT_S, DiskTierConfig
 from kvoffload.disk.lookups import DiskLookups
+from kvoffload.disk.report import DISK_COUNTERS, DISK_GAUGES, DiskReport
 
-__all__ = ["DRAIN_TIMEOUT_S", "DiskClient", "DiskLookups", "DiskTierConfig"]
+__all__ = [
+    "DISK_COUNTERS",
+    "DISK_GAUGES",
+    "DRAIN_TIMEOUT_S",
+    "DiskClient",
+    "DiskLookups",
+    "DiskReport",
+    "DiskTierConfig",
+]

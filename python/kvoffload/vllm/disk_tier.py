@@ -31,7 +31,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 from vllm.v1.kv_offload.tiering.base import TIER_LABEL, JobResult, TransferJob
 
-from kvoffload.disk import DiskClient, DiskTierConfig
+from kvoffload.disk import DISK_COUNTERS, DISK_GAUGES, DiskClient, DiskReport, DiskTierConfig
 from kvoffload.vllm.chunk_tier import ChunkTier, identity_of
 
 if TYPE_CHECKING:
@@ -40,16 +40,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _METRIC = "kvoffload:disk_tier_"
-# Counters of the data path exported as Prometheus counters (name -> help text).
-_COUNTERS = {
-    "corrupt": "Files that failed the length, header or CRC32C check (each removed, never served).",
-    "stores_full": "Chunks not written because the filesystem was full.",
-    "store_failures": "Chunks not written for any reason (a full filesystem among them).",
-    "stores_dropped": "Chunks not written because max_store_bytes_in_flight was reached.",
-    "load_missing": "Chunks a load found absent (evicted, or removed by another engine).",
-    "evicted": "Chunks evicted to hold capacity_bytes.",
-    "denied": "Chunks failed at once, with no I/O, while the breaker was open (a failing disk).",
-}
 # Chunks whose load failed stay misses (vLLM's livelock guard) until stored again; at most this
 # many are remembered, oldest forgotten first.
 _MAX_FAILED = 65_536
@@ -83,7 +73,7 @@ class DiskTier(ChunkTier):
         digest = identity_of(offloading_spec, config.namespace, chunk_bytes).digest()
         self._client = DiskClient(config, digest, chunk_bytes)
         self._failed: dict[OffloadKey, None] = {}
-        self._reported = dict.fromkeys(_COUNTERS, 0)
+        self._report = DiskReport(self._client)
         logger.info(
             "DiskTier %s: %d bytes, %s I/O, %d I/O threads",
             config.path,
@@ -146,28 +136,21 @@ class DiskTier(ChunkTier):
         labels = (TIER_LABEL,)
         metrics: dict[str, OffloadingMetricMetadata] = {
             _METRIC + name: OffloadingCounterMetadata(documentation=doc, labelnames=labels)
-            for name, doc in _COUNTERS.items()
+            for name, doc in DISK_COUNTERS.items()
         }
-        metrics[_METRIC + "chunks"] = OffloadingGaugeMetadata(
-            documentation="Chunks the tier holds (its index).", labelnames=labels
-        )
-        metrics[_METRIC + "breaker_state"] = OffloadingGaugeMetadata(
-            documentation="The breaker: 0 up, 1 down (a failing disk), 2 half-open (a probe).",
-            labelnames=labels,
-        )
+        for name, doc in DISK_GAUGES.items():
+            metrics[_METRIC + name] = OffloadingGaugeMetadata(documentation=doc, labelnames=labels)
         return metrics
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         stats = OffloadingConnectorStats()
-        now = self._client.stats()
         label = (self.tier_type,)
-        for name in _COUNTERS:
-            delta = now[name] - self._reported[name]
-            if delta:
-                stats.increase_counter(_METRIC + name, delta, label)
-                self._reported[name] = now[name]
-        stats.set_gauge(_METRIC + "chunks", now["chunks"], label)
-        stats.set_gauge(_METRIC + "breaker_state", now["breaker_state"], label)
+        for report in self._report.take().values():  # the one directory
+            for name in DISK_COUNTERS:
+                if report[name]:
+                    stats.increase_counter(_METRIC + name, report[name], label)
+            for name in DISK_GAUGES:
+                stats.set_gauge(_METRIC + name, report[name], label)
         return stats
 
     @property

@@ -14,6 +14,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetricT,
 )
 
+from kvoffload.disk import DISK_COUNTERS, DISK_GAUGES
 from kvoffload.remote import NODE_COUNTERS, NODE_GAUGES
 from kvoffload.scheduler import SchedulerStats
 
@@ -53,6 +54,13 @@ NODES = "remote_nodes"
 (`kvoffload.remote.NodeReport`), summed over the workers (`resting`: 1 if any saw it resting)."""
 # Per node of the shared tier, under this prefix with one more label, its `host:port`.
 _NODE_METRIC = "vllm:kvoffload_remote_node_"
+DISKS = "disk_tiers"
+"""The key of the disk tiers' report: `path -> {counter: increment, gauge: value}`
+(`kvoffload.disk.DiskReport`), counters summed over the workers, gauges their largest."""
+# Per disk tier, under this prefix with one more label, its `path`.
+_DISK_METRIC = "vllm:kvoffload_disk_"
+# Per-tier reports, and the fields merged by taking the largest (the others are summed).
+_REPORTS = {NODES: frozenset(NODE_GAUGES), DISKS: frozenset(DISK_GAUGES)}
 
 
 def stats_delta(now: SchedulerStats, before: SchedulerStats) -> dict[str, int]:
@@ -74,28 +82,30 @@ class KVOffloadStats(KVConnectorStats):
 
     def aggregate(self, other: KVConnectorStats) -> KVOffloadStats:
         for key, value in other.data.items():
-            if key == NODES:
-                self.data[NODES] = _merge_nodes(self.data.get(NODES, {}), value)
+            if key in _REPORTS:
+                self.data[key] = _merge(self.data.get(key, {}), value, _REPORTS[key])
             else:
                 self.data[key] = value if key in GAUGES else self.data.get(key, 0) + value
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        # The per-node report is for Prometheus; the log line keeps the engine's totals.
-        return {k: v for k, v in self.data.items() if k != NODES}
+        # The per-tier reports are for Prometheus; the log line keeps the engine's totals.
+        return {k: v for k, v in self.data.items() if k not in _REPORTS}
 
     def is_empty(self) -> bool:
         return not any(self.data.values())
 
 
-def _merge_nodes(
-    mine: dict[str, dict[str, int]], other: dict[str, dict[str, int]]
+def _merge(
+    mine: dict[str, dict[str, int]], other: dict[str, dict[str, int]], largest: frozenset[str]
 ) -> dict[str, dict[str, int]]:
-    out = {node: dict(v) for node, v in mine.items()}
-    for node, v in other.items():
-        into = out.setdefault(node, dict.fromkeys(v, 0))
+    """Two per-tier reports (`where -> {name: value}`) as one: the `largest` names by their
+    maximum, the others summed."""
+    out = {where: dict(v) for where, v in mine.items()}
+    for where, v in other.items():
+        into = out.setdefault(where, dict.fromkeys(v, 0))
         for name, n in v.items():
-            into[name] = max(into[name], n) if name == "resting" else into[name] + n
+            into[name] = max(into[name], n) if name in largest else into[name] + n
     return out
 
 
@@ -127,6 +137,17 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
             self._node_metrics[name] = self._gauge_cls(
                 name=_NODE_METRIC + name, documentation=doc, labelnames=node_labels
             )
+        disk_labels = [*labelnames, "path"]
+        self._disk_metrics: dict[str, Any] = {
+            name: self._counter_cls(
+                name=_DISK_METRIC + name, documentation=doc, labelnames=disk_labels
+            )
+            for name, doc in DISK_COUNTERS.items()
+        }
+        for name, doc in DISK_GAUGES.items():
+            self._disk_metrics[name] = self._gauge_cls(
+                name=_DISK_METRIC + name, documentation=doc, labelnames=disk_labels
+            )
         self._labelvalues = per_engine_labelvalues
         self._gauges: dict[str, dict[int, Any]] = {}
         for name, doc in GAUGES.items():
@@ -138,14 +159,15 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
             }
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        for node, report in transfer_stats_data.get(NODES, {}).items():
-            labels = [*self._labelvalues[engine_idx], node]
-            for name, value in report.items():
-                metric = self._node_metrics[name].labels(*labels)
-                if name in NODE_GAUGES:
-                    metric.set(value)
-                elif value:
-                    metric.inc(value)
+        for key, metrics in ((NODES, self._node_metrics), (DISKS, self._disk_metrics)):
+            for where, report in transfer_stats_data.get(key, {}).items():
+                labels = [*self._labelvalues[engine_idx], where]
+                for name, value in report.items():
+                    metric = metrics[name].labels(*labels)
+                    if name in _REPORTS[key]:
+                        metric.set(value)
+                    elif value:
+                        metric.inc(value)
         for name, value in transfer_stats_data.items():
             gauge = self._gauges.get(name)
             if gauge is not None:

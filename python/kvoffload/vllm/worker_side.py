@@ -4,11 +4,12 @@ vLLM registers; results go back through the worker metadata and vLLM's finished 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import torch
 
-from kvoffload.disk import DRAIN_TIMEOUT_S, DiskClient, DiskTierConfig
+from kvoffload.disk import DRAIN_TIMEOUT_S, DiskClient, DiskReport, DiskTierConfig
 from kvoffload.errors import ConfigError
 from kvoffload.remote import NodeReport, RemoteClient, RemoteTierConfig, ShardIO
 from kvoffload.scheduler import LoadJob, StoreJob
@@ -19,7 +20,7 @@ from kvoffload.vllm.metadata import (
     KVOffloadWorkerMetadata,
 )
 from kvoffload.vllm.settings import ConnectorSettings
-from kvoffload.vllm.stats import NODES, KVOffloadStats
+from kvoffload.vllm.stats import DISKS, NODES, KVOffloadStats
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class WorkerSide:
         self.tiers: list[ShardIO] = []
         """This worker's shard of every chunk in each secondary tier, in chain order."""
         self._nodes: NodeReport | None = None
+        self._disks: DiskReport | None = None
         self._promoted: dict[int, tuple[int, bytes]] = {}
         self._cascaded: dict[int, tuple[int, int, bytes]] = {}
         self.rank = 0
@@ -177,6 +179,7 @@ class WorkerSide:
         rank = self.rank
         pool = engine.pool
         redis: list[RemoteClient] = []
+        disks: list[DiskClient] = []
         for tier in settings.tiers:
             digest = tier.shard_digest(settings.shard_of(rank))
             client: RemoteClient | DiskClient
@@ -186,6 +189,7 @@ class WorkerSide:
                 client = DiskClient(
                     tier.config, digest, engine.chunk_bytes, capacity_bytes=capacity
                 )
+                disks.append(client)
             else:
                 client = RemoteClient(tier.config, digest, engine.chunk_bytes)
                 redis.append(client)
@@ -199,6 +203,7 @@ class WorkerSide:
                     )
             self.tiers.append(ShardIO(client, pool.buffer.numpy(), pool.slot_offsets))
         self._nodes = NodeReport(*redis) if redis else None
+        self._disks = DiskReport(*disks) if disks else None
 
     def handle_preemptions(self, meta: KVOffloadMetadata) -> None:
         """The first hook of every step, before its forward pass: submits the last step's stores,
@@ -250,10 +255,14 @@ class WorkerSide:
         return sending or None, recving or None
 
     def get_stats(self) -> KVOffloadStats | None:
-        """What each node of the shared tier did for this worker since the last report (the
-        other counters are the scheduler's)."""
-        nodes = None if self._nodes is None else self._nodes.take()
-        return KVOffloadStats(data={NODES: nodes}) if nodes else None
+        """What each node of the shared tier and each disk tier did for this worker since the
+        last report (the other counters are the scheduler's)."""
+        data: dict[str, Any] = {}
+        if self._nodes is not None and (nodes := self._nodes.take()):
+            data[NODES] = nodes
+        if self._disks is not None:
+            data[DISKS] = self._disks.take()
+        return KVOffloadStats(data=data) if data else None
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
