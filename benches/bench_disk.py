@@ -71,12 +71,19 @@ def ours(path: Path, pool: np.ndarray, rounds: int) -> tuple[float, float, bool]
     return total / store_s / 1e9, total / load_s / 1e9, direct
 
 
-def fio(path: Path, n: int, rounds: int) -> tuple[float, float] | None:
-    """fio's write and read GB/s of `n` 2 MiB files per round over THREADS jobs, O_DIRECT."""
+def fio(path: Path, n: int, rounds: int, slab: bool = False) -> tuple[float, float] | None:
+    """fio's write and read GB/s of `n` 2 MiB chunks per round over THREADS jobs, O_DIRECT: one
+    new file per chunk every round (as our stores write new chunks), or with `slab` one
+    preallocated file per job rewritten in place every round (the best a slab layout with a
+    slot map could do here: no file to create, no block to allocate, no rename)."""
     exe = shutil.which("fio")
     if exe is None:
         return None
     per_job = max(1, n // THREADS)
+    if slab:
+        layout = ["--nrfiles=1", f"--filesize={per_job * 2}M", "--fallocate=native"]
+    else:
+        layout = [f"--nrfiles={per_job}", "--filesize=2M", "--file_service_type=sequential"]
     results = []
     for rw in ("write", "read"):
         out = subprocess.run(
@@ -89,15 +96,13 @@ def fio(path: Path, n: int, rounds: int) -> tuple[float, float] | None:
                 "--direct=1",
                 "--ioengine=psync",
                 f"--numjobs={THREADS}",
-                f"--nrfiles={per_job}",
-                "--filesize=2M",
+                *layout,
                 f"--size={per_job * 2}M",
                 f"--loops={rounds}",
-                "--file_service_type=sequential",
                 "--group_reporting",
                 "--output-format=json",
-                # Writes go to new files every loop, as each of our rounds writes new chunks.
-                *(["--unlink_each_loop=1"] if rw == "write" else []),
+                # New files every loop, as each of our rounds writes new chunks.
+                *(["--unlink_each_loop=1"] if rw == "write" and not slab else []),
             ],
             check=True,
             capture_output=True,
@@ -119,8 +124,9 @@ def test_disk_data_path(benchmark):
 
         def run() -> dict:
             res: dict = {"ours": ours(root / "ours", pool, rounds)}
-            (root / "fio").mkdir()
-            res["fio"] = fio(root / "fio", n, rounds) if full else None
+            for name, slab in (("fio", False), ("slab", True)):
+                (root / name).mkdir()
+                res[name] = fio(root / name, n, rounds, slab) if full else None
             return res
 
         res = benchmark.pedantic(run, rounds=1)
@@ -135,8 +141,11 @@ def test_disk_data_path(benchmark):
         print("fio is not installed: no baseline")
         return
     fs, fl = res["fio"]
+    ss, sl = res["slab"]
     print(f"| fio (O_DIRECT, psync, {THREADS} jobs, 2 MiB files) | {fs:.2f} | {fl:.2f} |")
+    print(f"| fio, one preallocated file per job (a slab) | {ss:.2f} | {sl:.2f} |")
     print(f"ours / fio: store {os_ / fs:.2f}x, load {ol / fl:.2f}x")
+    print(f"ours / slab: store {os_ / ss:.2f}x, load {ol / sl:.2f}x")
 
 
 def listing_with_times(root: Path) -> int:

@@ -312,3 +312,38 @@ def test_a_failing_disk_costs_its_hits_and_redis_behind_it_still_serves(model_di
     disk_stats = tier_stats(rig, 0)
     assert disk_stats["breaker_state"] == 1  # down: 3 I/O failures in a row
     assert disk_stats["load_failures"] + disk_stats["denied"] == 5
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 64 KiB tmpfs mounted for the test (five chunk files of the test model fit): a real
+    full filesystem. Needs root (CAP_SYS_ADMIN); skipped otherwise."""
+    import subprocess
+
+    where = tmp_path / "small"
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip("mounting a 64 KiB tmpfs needs root (CAP_SYS_ADMIN)")
+    yield where
+    subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_full_filesystem_drops_the_disks_stores_and_the_chain_serves_on(
+    model_dir, small_fs, redis
+):
+    rig = engine(model_dir, disk(small_fs), redis_tier(redis))
+    prompts = [prompt(700 + i, 60) for i in range(3)]  # 15 chunks: three times what fits
+    for i, p in enumerate(prompts):
+        serve(rig, f"a{i}", p)
+    disk_stats = tier_stats(rig, 0)
+    assert disk_stats["stores_full"] >= 5  # ENOSPC: each such chunk dropped and counted
+    assert disk_stats["stored_chunks"] + disk_stats["stores_full"] == 15
+    assert disk_stats["breaker_state"] == 0  # a full filesystem is not a failing disk
+    # Redis behind it took every chunk: an engine with an empty disk loads every prompt.
+    other = engine(model_dir, disk(small_fs.parent / "empty"), redis_tier(redis))
+    for i, p in enumerate(prompts):
+        assert serve(other, f"b{i}", p) == 60
+        assert other.checked_positions[f"b{i}"] >= 60
