@@ -241,6 +241,7 @@ class DiskTier:
         max_store_bytes_in_flight: int = 1073741824,
         breaker_failures: int = 3,
         breaker_cooldown_s: float = 10.0,
+        evict_files: bool = True,
     ) -> DiskTier: ...
     @property
     def chunk_bytes(self) -> int: ...

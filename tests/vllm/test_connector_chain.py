@@ -17,6 +17,7 @@ import pytest
 from rig import Rig, make_rig, prompt
 
 from kvoffload import ConfigError
+from kvoffload.disk import file_bytes
 from kvoffload.vllm.stats import DISKS
 from redis_server import RedisServer
 
@@ -176,7 +177,9 @@ def test_damaged_files_are_recomputed_never_served(model_dir, tmp_path):
     assert stats(two).remote_chunks_failed >= 1
     # The worker reported it for the metrics (vllm:kvoffload_disk_*{path=...}), as vLLM
     # collected it step by step.
-    reports = [r[DISKS][str(tmp_path)] for r in two.connector_stats if DISKS in r]
+    reports = [
+        r[DISKS][str(tmp_path)] for r in two.connector_stats if str(tmp_path) in r.get(DISKS, {})
+    ]
     assert sum(r["corrupt"] for r in reports) == tier_stats(two, 0)["corrupt"]
     assert reports[-1]["breaker_state"] == 0
     # The damaged files were removed and engine 2's own writes replaced them.
@@ -205,7 +208,10 @@ def test_a_directory_removed_under_a_running_engine_costs_hits_not_service(model
     [
         ([{"type": "DiskTier", "capacity_bytes": 1 << 30, "namespace": "n"}], r"\[0\].*path="),
         ([{"type": "DiskTier", "path": "/tmp/x", "namespace": "n"}], "capacity_bytes="),
-        ([{"type": "DiskTier", "path": "/tmp/x", "capacity_bytes": 1, "namespace": "n"}], "holds"),
+        (
+            [{"type": "DiskTier", "path": "/tmp/x", "capacity_bytes": 1, "namespace": "n"}],
+            r"\[0\] DiskTier capacity_bytes=1 holds no chunk: it is split over 1 shard",
+        ),
         (
             [{"type": "RedisTier", "url": "redis://h:1/0", "namespace": "n"}, {"type": "Disk"}],
             r"secondary_tiers\[1\] type='Disk'",
@@ -236,6 +242,11 @@ def test_a_directory_removed_under_a_running_engine_costs_hits_not_service(model
             "'enable_kv_events' is read only by vLLM",
         ),
         ([disk(Path("/tmp/x"), breaker_failures=0)], r"\[0\]: DiskTier breaker_failures=0"),
+        ([{"type": ["DiskTier"]}], r"\[0\] type=\['DiskTier'\] is invalid"),
+        (
+            [disk(Path("/tmp/x")), disk(Path("/tmp/x"))],
+            r"secondary_tiers\[1\] is secondary_tiers\[0\]",
+        ),
         ([disk(Path("/tmp/x"), breaker_cooldown_s="10")], "breaker_cooldown_s='10'"),
     ],
 )
@@ -277,7 +288,7 @@ def test_tp2_ranks_each_keep_their_shard_and_a_lost_one_heals(model_dir, tmp_pat
 
 def test_engines_sharing_a_directory_hold_its_capacity_together(model_dir, tmp_path):
     probe = engine(model_dir, disk(tmp_path / "probe"))
-    chunk_file = 4096 + -(-probe.connector._sched().settings.chunk_bytes // 4096) * 4096
+    chunk_file = file_bytes(probe.connector._sched().settings.chunk_bytes)
     # Rescans every 0.1 s (the default is 10 s) so that the test does not wait for them.
     entry = disk(tmp_path / "shared", capacity_bytes=6 * chunk_file, rescan_interval_s=0.1)
     one, two = engine(model_dir, entry), engine(model_dir, entry)
@@ -290,12 +301,21 @@ def test_engines_sharing_a_directory_hold_its_capacity_together(model_dir, tmp_p
     assert serve(engine(model_dir, entry), "c", prompt(73, 36)) == 36
 
 
+def test_a_worker_shuts_down_before_its_caches_were_registered(model_dir, tmp_path):
+    from kvoffload.vllm.worker_side import WorkerSide
+
+    settings = engine(model_dir, disk(tmp_path)).connector._sched().settings
+    WorkerSide(settings).shutdown()  # no tier opened, no pool: nothing to close, no error
+
+
 def test_a_failing_disk_costs_its_hits_and_redis_behind_it_still_serves(model_dir, tmp_path, redis):
     import shutil
 
     # A cool-down longer than the test, so the disk stays down once tripped.
     rig = engine(model_dir, disk(tmp_path, breaker_cooldown_s=600), redis_tier(redis))
+    other = prompt(8, 60)
     serve(rig, "a", PROMPT)
+    serve(rig, "a2", other)
     (namespace_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     # The tier's directory becomes a file: every read and write fails (ENOTDIR).
     shutil.rmtree(namespace_dir)
@@ -312,6 +332,15 @@ def test_a_failing_disk_costs_its_hits_and_redis_behind_it_still_serves(model_di
     disk_stats = tier_stats(rig, 0)
     assert disk_stats["breaker_state"] == 1  # down: 3 I/O failures in a row
     assert disk_stats["load_failures"] + disk_stats["denied"] == 5
+    # The workers told the scheduler: its lookups skip the disk now. The other prompt, still in
+    # the disk's index, comes straight from Redis, with no promotion that fails first.
+    assert rig.connector._sched()._disk_lookups[0].down
+    rig.cpu_store().reset()
+    rig.reset_gpu_prefix_cache()
+    assert serve(rig, "c", other) == 60
+    assert rig.checked_positions["c"] >= 60
+    assert stats(rig).remote_chunks_failed == 5
+    assert tier_stats(rig, 1)["loaded_chunks"] == 10
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ scheduler's view of it (a link of `secondary_tiers` in `OffloadScheduler`). The 
 """
 
 from kvoffload.disk.client import DiskClient
-from kvoffload.disk.config import DRAIN_TIMEOUT_S, DiskTierConfig
+from kvoffload.disk.config import DRAIN_TIMEOUT_S, DiskTierConfig, file_bytes
 from kvoffload.disk.lookups import DiskLookups
-from kvoffload.disk.report import DISK_COUNTERS, DISK_GAUGES, DiskReport
+from kvoffload.disk.report import DISK_COUNTERS, DISK_GAUGES, DiskReport, worst
 
 __all__ = [
     "DISK_COUNTERS",
@@ -20,4 +20,6 @@ __all__ = [
     "DiskLookups",
     "DiskReport",
     "DiskTierConfig",
+    "file_bytes",
+    "worst",
 ]

@@ -32,9 +32,11 @@ class DiskClient:
         *,
         capacity_bytes: int | None = None,
         io_threads: int | None = None,
+        evict_files: bool = True,
     ) -> None:
-        """`capacity_bytes` and `io_threads` default to the config's (a handle that only answers
-        lookups passes its own: it never evicts, and does no I/O but its scans)."""
+        """`capacity_bytes` and `io_threads` default to the config's (a worker's handle holds its
+        shard's part of the capacity; a handle that only answers lookups does no I/O but its
+        scans, and with `evict_files=False` forgets what it evicts without removing the file)."""
         try:
             self._tier = _rust.DiskTier(
                 config.path,
@@ -47,6 +49,7 @@ class DiskClient:
                 max_store_bytes_in_flight=config.max_store_bytes_in_flight,
                 breaker_failures=config.breaker_failures,
                 breaker_cooldown_s=config.breaker_cooldown_s,
+                evict_files=evict_files,
             )
         except (ValueError, OSError) as exc:
             raise ConfigError(f"DiskTier path={config.path!r}: {exc}") from exc

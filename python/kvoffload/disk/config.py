@@ -12,6 +12,15 @@ from kvoffload.errors import ConfigError
 _VLLM_KEYS = frozenset({"type", "module_path", "backpressure", "locality"})
 _DIRECT_IO = ("auto", "on", "off")
 DRAIN_TIMEOUT_S = 60.0
+_BLOCK = 4096
+
+
+def file_bytes(chunk_bytes: int) -> int:
+    """Bytes of one chunk's file: its header block, then the chunk padded to whole blocks (what
+    `capacity_bytes` counts)."""
+    return _BLOCK + -(-chunk_bytes // _BLOCK) * _BLOCK
+
+
 """How long a shutdown waits for the disk I/O in flight (a hung mount fails it then)."""
 
 

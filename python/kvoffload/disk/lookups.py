@@ -1,9 +1,10 @@
 """`DiskLookups`: the scheduler's lookups against a disk tier (`SharedTier`'s `Lookups`).
 
 They answer at once, from the index of a handle of its own on the directory: the workers' handles
-do the I/O and hold `capacity_bytes`, this one does neither (it never evicts) and learns of the
-chunks its engine's workers wrote as their writes end (`mark_stored`), of other engines' chunks
-and of every eviction at each rescan, and of a chunk a load missed at once (`mark_miss`).
+do the I/O and remove the files past `capacity_bytes`; this one does no I/O but its scans, and
+forgets (without removing a file) what falls out of the same capacity. It learns of the chunks
+its engine's workers wrote as their writes end (`mark_stored`), of other engines' chunks and of
+every eviction at each rescan, and of a chunk a load missed at once (`mark_miss`).
 """
 
 from __future__ import annotations
@@ -14,20 +15,27 @@ from kvoffload.disk.client import DiskClient
 from kvoffload.disk.config import DiskTierConfig
 from kvoffload.store import KeyRange
 
-# A lookup handle never evicts: its capacity is past any filesystem.
-_NO_EVICTION = 1 << 62
-
 
 class DiskLookups:
     def __init__(self, client: DiskClient) -> None:
         self._client = client
+        self.down = False
+        """Set while the disk's breaker is open on a worker that reads or writes it (the
+        scheduler's handle does no I/O to find out): every lookup is then a miss at once."""
 
     @classmethod
-    def open(cls, config: DiskTierConfig, namespace_digest: bytes, chunk_bytes: int) -> DiskLookups:
+    def open(
+        cls, config: DiskTierConfig, namespace_digest: bytes, chunk_bytes: int, capacity_bytes: int
+    ) -> DiskLookups:
         """A lookup handle on `config`'s directory under one shard's digest (a chunk's shards
-        are written together, so one stands for all)."""
+        are written together, so one stands for all), of that shard's `capacity_bytes`."""
         client = DiskClient(
-            config, namespace_digest, chunk_bytes, capacity_bytes=_NO_EVICTION, io_threads=1
+            config,
+            namespace_digest,
+            chunk_bytes,
+            capacity_bytes=capacity_bytes,
+            io_threads=1,
+            evict_files=False,
         )
         return cls(client)
 
@@ -46,10 +54,6 @@ class DiskLookups:
 
     def cleanup(self, request: str) -> None:
         """Nothing is kept per request."""
-
-    @property
-    def down(self) -> bool:
-        return False
 
     def in_flight(self) -> int:
         return 0

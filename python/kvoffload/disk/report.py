@@ -21,25 +21,42 @@ DISK_GAUGES: dict[str, str] = {
     "breaker_state": "The breaker: 0 up, 1 down (a failing disk), 2 half-open (a probe).",
 }
 """The gauges of `DiskClient.stats` that are exported: reports of several sources (workers)
-are merged by taking the largest."""
+are merged by taking the worst (`worst`)."""
+# The breaker's states from best to worst: up (0), half-open (2), down (1).
+_BREAKER_RANK = {0: 0, 2: 1, 1: 2}
+
+
+def worst(name: str, a: int, b: int) -> int:
+    """Two sources' values of gauge `name` as one: the larger, and for the breaker the worse
+    state (down before half-open)."""
+    if name == "breaker_state":
+        return max(a, b, key=lambda v: _BREAKER_RANK.get(v, 0))
+    return max(a, b)
 
 
 class DiskReport:
     """Per tier (its `path`), the increments of `clients`' counters since the last `take`, and
-    their gauges now."""
+    their gauges now; only tiers where something moved (a step with nothing to say sends
+    nothing)."""
 
     def __init__(self, *clients: DiskClient) -> None:
         self._clients = clients
-        self._seen = [dict.fromkeys(DISK_COUNTERS, 0) for _ in clients]
+        self._seen: list[dict[str, int]] = [{} for _ in clients]
 
     def take(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         for client, seen in zip(self._clients, self._seen, strict=True):
             now = client.stats()
-            report = out.setdefault(client.config.path, dict.fromkeys(DISK_COUNTERS, 0))
-            for name in DISK_COUNTERS:
-                report[name] += now[name] - seen[name]
-                seen[name] = now[name]
+            moved = {n: now[n] - seen.get(n, 0) for n in DISK_COUNTERS}
+            if not any(moved.values()) and all(seen.get(n) == now[n] for n in DISK_GAUGES):
+                continue
+            seen.update({n: now[n] for n in (*DISK_COUNTERS, *DISK_GAUGES)})
+            report = out.get(client.config.path)
+            if report is None:
+                out[client.config.path] = {**moved, **{n: now[n] for n in DISK_GAUGES}}
+                continue
+            for name, n in moved.items():
+                report[name] += n
             for name in DISK_GAUGES:
-                report[name] = max(report.get(name, 0), now[name])
+                report[name] = worst(name, report[name], now[name])
         return out

@@ -31,6 +31,9 @@ class DataPath(Protocol):
     def close(self) -> None: ...
     @property
     def last_error(self) -> str | None: ...
+    @property
+    def config(self) -> object:
+        """The tier's entry (`RemoteTierConfig` or `DiskTierConfig`)."""
 
 
 class ShardIO:

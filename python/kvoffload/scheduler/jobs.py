@@ -106,9 +106,9 @@ class StepPlan:
     """In-flight jobs (stores reading, or loads writing, a GPU block the engine just
     reallocated): wait for them before the step's forward pass."""
     promote_jobs: list[RemoteJob] = field(default_factory=list)
-    """Promotions from the shared tier that lookups started since the last plan."""
+    """Promotions from the secondary tiers that lookups started since the last plan."""
     cascade_jobs: list[RemoteJob] = field(default_factory=list)
-    """Chunks whose stores completed, to write on to the shared tier (in store order, as the
+    """Chunks whose stores completed, to write on to the secondary tiers (in store order, as the
     budget of chunks held by writes allows)."""
 
 

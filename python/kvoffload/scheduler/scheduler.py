@@ -110,6 +110,7 @@ class OffloadScheduler:
                 locality=link.locality,
                 tier=i,
                 job_ids=job_ids,
+                share=len(secondary_tiers),
             )
             for i, link in enumerate(secondary_tiers)
         )

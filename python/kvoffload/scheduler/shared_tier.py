@@ -73,8 +73,10 @@ class SharedTier:
     server never fills the CPU tier with holds: the rest wait in a backlog of at most
     `num_slots` keys, and a chunk evicted from the CPU tier before its turn, or pushed out of a
     full backlog, is not written (counted in `remote_writes_dropped`); GPU stores are never held
-    back. In a chain, `tier` is its place (0: right behind the CPU tier) and `job_ids` the
-    chain's one counter, so that a job id names one job of one tier."""
+    back. In a chain, `tier` is its place (0: right behind the CPU tier), `job_ids` the chain's
+    one counter, so that a job id names one job of one tier, and `share` the number of tiers:
+    each holds at most its share of the default budget, so that together they never hold more
+    than half the tier (each its own, so a slow tier never holds back a fast one's writes)."""
 
     def __init__(
         self,
@@ -89,11 +91,13 @@ class SharedTier:
         max_cascade_slots: int | None = None,
         tier: int = 0,
         job_ids: Iterator[int] | None = None,
+        share: int = 1,
     ) -> None:
         self.store = store
         self.lookups = lookups
         self.tier = tier
         self._job_ids = itertools.count() if job_ids is None else job_ids
+        self._share = share
         self.world_size = world_size
         self.writers = world_size if writers is None else writers
         self.medium = medium
@@ -111,10 +115,11 @@ class SharedTier:
 
     @property
     def max_cascade_slots(self) -> int:
-        """Half the usable tier by default (it follows a tier that is still growing)."""
+        """Its share of half the usable tier by default (it follows a tier that is still
+        growing)."""
         if self._max_cascade_slots is not None:
             return self._max_cascade_slots
-        return max(1, self.store.usable_slots // 2)
+        return max(1, self.store.usable_slots // 2 // self._share)
 
     def owns(self, job_id: int) -> bool:
         """Whether `job_id` is one of this tier's jobs still open."""

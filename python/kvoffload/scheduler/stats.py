@@ -24,7 +24,7 @@ class SchedulerStats:
     store_refusals: int = 0
     """Store offers the CPU tier could not take (full of pinned or pending chunks); retried."""
     remote_lookups: int = 0
-    """Lookups that went on past the CPU tier's prefix to the shared tier."""
+    """Lookups that went on past the CPU tier's prefix to a secondary tier (one per tier asked)."""
     remote_promotions: int = 0
     """Promotion jobs started (remote hits reserved in the CPU tier, filled by the workers)."""
     remote_promotion_refusals: int = 0
@@ -33,7 +33,7 @@ class SchedulerStats:
     remote_chunks_failed: int = 0
     """Promoted chunks some worker could not fill (absent, corrupt, the server down): recomputed."""
     remote_shards_written: int = 0
-    """Chunk shards (one per worker) written on to the shared tier."""
+    """Chunk shards (one per worker) written on to the secondary tiers (once per tier)."""
     remote_writes_dropped: int = 0
     """Chunk shards not written on: backpressure, the server down, or a failed write."""
     ignored_params: dict[str, int] = field(default_factory=dict)

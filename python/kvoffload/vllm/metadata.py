@@ -27,9 +27,9 @@ class KVOffloadMetadata(KVConnectorMetadata):
     """Finished requests whose GPU blocks vLLM keeps until each worker reports them in
     `finished_sending` (once their stores are done)."""
     promotions: list[RemoteJob] = field(default_factory=list)
-    """Shared tier -> CPU slots, each worker its own shard."""
+    """Secondary tier -> CPU slots, each worker its own shard."""
     cascades: list[RemoteJob] = field(default_factory=list)
-    """CPU slots -> shared tier, each worker its own shard."""
+    """CPU slots -> secondary tier, each worker its own shard."""
 
 
 @dataclass
@@ -56,6 +56,9 @@ class KVOffloadWorkerMetadata(KVConnectorWorkerMetadata):
     of them has it in the tier)`."""
     usable_slots: dict[int, int] = field(default_factory=dict)
     """`rank -> slots` of a worker whose CPU pool grew (it is pinned piece by piece)."""
+    tiers_down: dict[tuple[int, int], bool] = field(default_factory=dict)
+    """`(rank, tier) -> down` of a worker whose disk tier's breaker opened or closed since its
+    last report (the scheduler's lookups skip a disk that is down on any worker)."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVOffloadWorkerMetadata:
         """Both objects' reports: counts add up, a job (a promoted key) is ok only if every
@@ -82,7 +85,9 @@ class KVOffloadWorkerMetadata(KVConnectorWorkerMetadata):
         usable = dict(self.usable_slots)
         for rank, slots in other.usable_slots.items():
             usable[rank] = max(slots, usable.get(rank, 0))
-        return KVOffloadWorkerMetadata(results, promoted, cascaded, usable)
+        return KVOffloadWorkerMetadata(
+            results, promoted, cascaded, usable, {**self.tiers_down, **other.tiers_down}
+        )
 
 
 def _both(a: bytes, b: bytes) -> bytes:

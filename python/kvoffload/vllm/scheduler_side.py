@@ -52,7 +52,13 @@ class SchedulerSide:
         """Each Redis tier's lookup connection, in chain order."""
         self._canaries: list[SeedCanary] = []
         self._disk_lookups: list[DiskLookups] = []
-        links = [TierLink(self._lookups(tier), tier.locality) for tier in settings.tiers]
+        self._down: dict[tuple[int, int], bool] = {}
+        """`(rank, tier) -> down`: each worker's disk breakers, as last reported."""
+        try:
+            links = [TierLink(self._lookups(tier), tier.locality) for tier in settings.tiers]
+        except BaseException:
+            self.shutdown()  # closes the tiers opened before the one that failed
+            raise
         self._nodes = NodeReport(*self._lookup_clients)
         self.scheduler = OffloadScheduler.create(
             settings.config,
@@ -106,7 +112,12 @@ class SchedulerSide:
         """The scheduler's lookups against one secondary tier, on connections of their own."""
         settings = self.settings
         if isinstance(tier.config, DiskTierConfig):
-            disk = DiskLookups.open(tier.config, tier.shard_digest(0), settings.chunk_bytes)
+            disk = DiskLookups.open(
+                tier.config,
+                tier.shard_digest(0),
+                settings.chunk_bytes,
+                settings.shard_capacity_bytes(tier),
+            )
             self._disk_lookups.append(disk)
             return disk
         # A chunk counts only when every rank's shard is there: one evicted on any rank is a
@@ -263,6 +274,13 @@ class SchedulerSide:
         self._reports = KVOffloadWorkerMetadata(reports)
         if meta.usable_slots:
             self._grow(meta.usable_slots)
+        if meta.tiers_down:
+            self._down.update(meta.tiers_down)
+            tiers = self.scheduler.secondary_tiers
+            for i in {tier for _, tier in meta.tiers_down}:
+                lookups = tiers[i].lookups
+                assert isinstance(lookups, DiskLookups)
+                lookups.down = any(d for (_, t), d in self._down.items() if t == i)
         # Each secondary tier counts the workers' reports of its jobs itself.
         tier_of = self.scheduler.secondary_tier_of
         for job_id, (count, ok_keys) in meta.promoted.items():

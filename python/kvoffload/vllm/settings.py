@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvoffload.disk import DiskTierConfig, file_bytes
 from kvoffload.errors import ConfigError, NotSupportedError
 from kvoffload.remote import TierIdentity
 from kvoffload.scheduler import KVGroup, OffloadConfig
@@ -131,7 +132,7 @@ class ConnectorSettings:
                 )
                 for tier_config, locality in entries
             )
-        return cls(
+        settings = cls(
             config=config,
             world_size=world_size,
             worker_block_bytes=block_bytes,
@@ -145,12 +146,33 @@ class ConnectorSettings:
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
             replicated=replicated,
         )
+        for i, tier in enumerate(settings.tiers):
+            settings._check_disk_capacity(i, tier)
+        return settings
 
     @property
     def num_shards(self) -> int:
         """Shards of one chunk in a secondary tier: one per worker, or per stage if
         replicated."""
         return self.world_size // self.tp_size if self.replicated else self.world_size
+
+    def shard_capacity_bytes(self, tier: TierSettings) -> int:
+        """A disk tier's `capacity_bytes`, split evenly over the shards of every chunk."""
+        assert isinstance(tier.config, DiskTierConfig)
+        return tier.config.capacity_bytes // self.num_shards
+
+    def _check_disk_capacity(self, index: int, tier: TierSettings) -> None:
+        """Each shard of a disk tier must hold at least one chunk's file."""
+        if not isinstance(tier.config, DiskTierConfig):
+            return
+        need = self.num_shards * file_bytes(self.chunk_bytes)
+        if tier.config.capacity_bytes < need:
+            raise ConfigError(
+                f"secondary_tiers[{index}] DiskTier capacity_bytes={tier.config.capacity_bytes} "
+                f"holds no chunk: it is split over {self.num_shards} shard(s) of every chunk "
+                f"(one per worker), each needing at least one {file_bytes(self.chunk_bytes)}-byte "
+                f"file; allowed: >= {need}"
+            )
 
     def shard_of(self, rank: int) -> int:
         """The shard worker `rank` reads (its pipeline stage's, if replicated)."""

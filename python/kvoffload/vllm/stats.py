@@ -14,7 +14,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetricT,
 )
 
-from kvoffload.disk import DISK_COUNTERS, DISK_GAUGES
+from kvoffload.disk import DISK_COUNTERS, DISK_GAUGES, worst
 from kvoffload.remote import NODE_COUNTERS, NODE_GAUGES
 from kvoffload.scheduler import SchedulerStats
 
@@ -30,12 +30,14 @@ _COUNTERS: dict[str, str] = {
     "bytes_stored": "Bytes copied GPU -> CPU (all workers)",
     "store_failures": "Store jobs that failed (their chunks were dropped)",
     "store_refusals": "Store offers the full CPU tier could not take (retried next step)",
-    "remote_lookups": "Lookups that went on past the CPU tier to the shared tier",
-    "remote_chunks_promoted": "Chunks promoted from the shared tier into the CPU tier",
+    "remote_lookups": "Lookups that went on past the CPU tier to a secondary tier (one per tier "
+    "asked)",
+    "remote_chunks_promoted": "Chunks promoted from a secondary tier into the CPU tier",
     "remote_chunks_failed": "Promoted chunks not filled (absent, corrupt, server down): recomputed",
-    "remote_promotion_refusals": "Remote hits not promoted: no CPU-tier slot could take them",
+    "remote_promotion_refusals": "Secondary-tier hits not promoted: no CPU-tier slot could take "
+    "them",
     "remote_shards_written": "Chunk shards (one per worker, or per pipeline stage on MLA) written "
-    "on to the shared tier",
+    "on to the secondary tiers (once per tier)",
     "remote_writes_dropped": "Chunk shards not written on (backpressure, server down, failure)",
     "ignored_params": "Invalid per-request kv_transfer_params values that were ignored",
 }
@@ -59,7 +61,7 @@ DISKS = "disk_tiers"
 (`kvoffload.disk.DiskReport`), counters summed over the workers, gauges their largest."""
 # Per disk tier, under this prefix with one more label, its `path`.
 _DISK_METRIC = "vllm:kvoffload_disk_"
-# Per-tier reports, and the fields merged by taking the largest (the others are summed).
+# Per-tier reports, and their gauges (merged by the worse value; the counters are summed).
 _REPORTS = {NODES: frozenset(NODE_GAUGES), DISKS: frozenset(DISK_GAUGES)}
 
 
@@ -97,15 +99,15 @@ class KVOffloadStats(KVConnectorStats):
 
 
 def _merge(
-    mine: dict[str, dict[str, int]], other: dict[str, dict[str, int]], largest: frozenset[str]
+    mine: dict[str, dict[str, int]], other: dict[str, dict[str, int]], gauges: frozenset[str]
 ) -> dict[str, dict[str, int]]:
-    """Two per-tier reports (`where -> {name: value}`) as one: the `largest` names by their
-    maximum, the others summed."""
+    """Two per-tier reports (`where -> {name: value}`) as one: the `gauges` by the worse value
+    (`kvoffload.disk.worst`), the counters summed."""
     out = {where: dict(v) for where, v in mine.items()}
     for where, v in other.items():
         into = out.setdefault(where, dict.fromkeys(v, 0))
         for name, n in v.items():
-            into[name] = max(into[name], n) if name in largest else into[name] + n
+            into[name] = worst(name, into[name], n) if name in gauges else into[name] + n
     return out
 
 
@@ -126,28 +128,12 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
             self._counters[name] = {
                 engine: metric.labels(*values) for engine, values in per_engine_labelvalues.items()
             }
-        node_labels = [*labelnames, "node"]
-        self._node_metrics: dict[str, Any] = {
-            name: self._counter_cls(
-                name=_NODE_METRIC + name, documentation=doc, labelnames=node_labels
-            )
-            for name, doc in NODE_COUNTERS.items()
-        }
-        for name, doc in NODE_GAUGES.items():
-            self._node_metrics[name] = self._gauge_cls(
-                name=_NODE_METRIC + name, documentation=doc, labelnames=node_labels
-            )
-        disk_labels = [*labelnames, "path"]
-        self._disk_metrics: dict[str, Any] = {
-            name: self._counter_cls(
-                name=_DISK_METRIC + name, documentation=doc, labelnames=disk_labels
-            )
-            for name, doc in DISK_COUNTERS.items()
-        }
-        for name, doc in DISK_GAUGES.items():
-            self._disk_metrics[name] = self._gauge_cls(
-                name=_DISK_METRIC + name, documentation=doc, labelnames=disk_labels
-            )
+        self._node_metrics = self._per_place(
+            _NODE_METRIC, NODE_COUNTERS, NODE_GAUGES, labelnames, "node"
+        )
+        self._disk_metrics = self._per_place(
+            _DISK_METRIC, DISK_COUNTERS, DISK_GAUGES, labelnames, "path"
+        )
         self._labelvalues = per_engine_labelvalues
         self._gauges: dict[str, dict[int, Any]] = {}
         for name, doc in GAUGES.items():
@@ -157,6 +143,24 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
             self._gauges[name] = {
                 engine: gauge.labels(*values) for engine, values in per_engine_labelvalues.items()
             }
+
+    def _per_place(
+        self,
+        prefix: str,
+        counters: dict[str, str],
+        gauges: dict[str, str],
+        labelnames: list[str],
+        place: str,
+    ) -> dict[str, Any]:
+        """A per-node or per-disk report's metrics, each with one more label: `place`."""
+        labels = [*labelnames, place]
+        out = {
+            name: self._counter_cls(name=prefix + name, documentation=doc, labelnames=labels)
+            for name, doc in counters.items()
+        }
+        for name, doc in gauges.items():
+            out[name] = self._gauge_cls(name=prefix + name, documentation=doc, labelnames=labels)
+        return out
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for key, metrics in ((NODES, self._node_metrics), (DISKS, self._disk_metrics)):

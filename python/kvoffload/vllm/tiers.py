@@ -69,7 +69,17 @@ def parse_entries(tiers: object) -> list[tuple[RemoteTierConfig | DiskTierConfig
         raise ConfigError(
             f"secondary_tiers has {len(tiers)} entries; allowed: 1 to {MAX_TIERS} tiers"
         )
-    return [_entry(i, entry) for i, entry in enumerate(tiers)]
+    entries = [_entry(i, entry) for i, entry in enumerate(tiers)]
+    seen: dict[tuple[str, str], int] = {}
+    for i, (config, _) in enumerate(entries):
+        where = config.masked_url if isinstance(config, RemoteTierConfig) else config.path
+        first = seen.setdefault((where, config.namespace), i)
+        if first != i:
+            raise ConfigError(
+                f"secondary_tiers[{i}] is secondary_tiers[{first}] again ({where}, namespace "
+                f"{config.namespace!r}): list each tier once"
+            )
+    return entries
 
 
 def _entry(i: int, entry: Any) -> tuple[RemoteTierConfig | DiskTierConfig, str]:
@@ -77,7 +87,7 @@ def _entry(i: int, entry: Any) -> tuple[RemoteTierConfig | DiskTierConfig, str]:
     if not isinstance(entry, Mapping):
         raise ConfigError(f"{name} must be a dict, got {type(entry).__name__}")
     kind = entry.get("type")
-    if kind not in _TYPES:
+    if not isinstance(kind, str) or kind not in _TYPES:
         raise ConfigError(
             f"{name} type={kind!r} is invalid; allowed: {', '.join(map(repr, _TYPES))}"
         )

@@ -89,6 +89,8 @@ class WorkerSide:
         """This worker's shard of every chunk in each secondary tier, in chain order."""
         self._nodes: NodeReport | None = None
         self._disks: DiskReport | None = None
+        self._down: dict[int, bool] = {}
+        """Each disk tier's breaker as last reported to the scheduler (down or not)."""
         self._promoted: dict[int, tuple[int, bytes]] = {}
         self._cascaded: dict[int, tuple[int, int, bytes]] = {}
         self.rank = 0
@@ -180,28 +182,31 @@ class WorkerSide:
         pool = engine.pool
         redis: list[RemoteClient] = []
         disks: list[DiskClient] = []
-        for tier in settings.tiers:
-            digest = tier.shard_digest(settings.shard_of(rank))
-            client: RemoteClient | DiskClient
-            if isinstance(tier.config, DiskTierConfig):
-                # Each shard's files are held to its part of capacity_bytes.
-                capacity = tier.config.capacity_bytes // settings.num_shards
-                client = DiskClient(
-                    tier.config, digest, engine.chunk_bytes, capacity_bytes=capacity
-                )
-                disks.append(client)
-            else:
-                client = RemoteClient(tier.config, digest, engine.chunk_bytes)
-                redis.append(client)
-                if client.startup_error is not None:
-                    logger.warning(
-                        "kvoffload: shared tier %s is unreachable from worker %d (%s): it "
-                        "serves from the other tiers and retries in the background",
-                        tier.where,
-                        rank,
-                        client.startup_error,
+        try:
+            for tier in settings.tiers:
+                digest = tier.shard_digest(settings.shard_of(rank))
+                client: RemoteClient | DiskClient
+                if isinstance(tier.config, DiskTierConfig):
+                    capacity = settings.shard_capacity_bytes(tier)
+                    client = DiskClient(
+                        tier.config, digest, engine.chunk_bytes, capacity_bytes=capacity
                     )
-            self.tiers.append(ShardIO(client, pool.buffer.numpy(), pool.slot_offsets))
+                    disks.append(client)
+                else:
+                    client = RemoteClient(tier.config, digest, engine.chunk_bytes)
+                    redis.append(client)
+                    if client.startup_error is not None:
+                        logger.warning(
+                            "kvoffload: shared tier %s is unreachable from worker %d (%s): it "
+                            "serves from the other tiers and retries in the background",
+                            tier.where,
+                            rank,
+                            client.startup_error,
+                        )
+                self.tiers.append(ShardIO(client, pool.buffer.numpy(), pool.slot_offsets))
+        except BaseException:
+            self._close_tiers()  # those opened before the one that failed
+            raise
         self._nodes = NodeReport(*redis) if redis else None
         self._disks = DiskReport(*disks) if disks else None
 
@@ -260,8 +265,8 @@ class WorkerSide:
         data: dict[str, Any] = {}
         if self._nodes is not None and (nodes := self._nodes.take()):
             data[NODES] = nodes
-        if self._disks is not None:
-            data[DISKS] = self._disks.take()
+        if self._disks is not None and (disks := self._disks.take()):
+            data[DISKS] = disks
         return KVOffloadStats(data=data) if data else None
 
     def take_load_errors(self) -> set[int]:
@@ -279,27 +284,44 @@ class WorkerSide:
         # Every step while the pool grows (a report is never resent otherwise), then once more.
         growing = self.engine is not None and self.engine.pool.growing
         grew = growing or usable.get(self.rank, -1) != self._reported_usable
-        if not (self._results or self._promoted or self._cascaded or grew):
+        down = self._breakers_moved()
+        if not (self._results or self._promoted or self._cascaded or grew or down):
             return None
         if grew:
             self._reported_usable = usable[self.rank]
         meta = KVOffloadWorkerMetadata(
-            self._results, self._promoted, self._cascaded, usable if grew else {}
+            self._results, self._promoted, self._cascaded, usable if grew else {}, down
         )
         self._results, self._promoted, self._cascaded = {}, {}, {}
         return meta
 
+    def _breakers_moved(self) -> dict[tuple[int, int], bool]:
+        """`(rank, tier) -> down` for each disk tier whose breaker opened or closed since the
+        last report."""
+        moved = {}
+        for i, io in enumerate(self.tiers):
+            if isinstance(io.client, DiskClient):
+                down = io.client.state == "down"
+                if self._down.get(i, False) != down:
+                    self._down[i] = down
+                    moved[(self.rank, i)] = down
+        return moved
+
     def shutdown(self) -> None:
         # Writes read the pool: they end (by their deadlines) before the pool is released.
-        for io, tier in zip(self.tiers, self.settings.tiers, strict=True):
-            config = tier.config
+        self._close_tiers()
+        if self.engine is not None:
+            self.engine.close()
+
+    def _close_tiers(self) -> None:
+        for io in self.tiers:
+            config = io.client.config
             io.close(
                 config.job_timeout_s + 1.0
                 if isinstance(config, RemoteTierConfig)
                 else DRAIN_TIMEOUT_S
             )
-        if self.engine is not None:
-            self.engine.close()
+        self.tiers = []
 
     def _engine(self) -> TransferEngine:
         if self.engine is None:

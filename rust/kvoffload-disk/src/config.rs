@@ -30,6 +30,10 @@ pub struct DiskConfig {
     pub breaker_failures: u32,
     /// How long it stays down (every item fails at once, with no I/O) before one probes it.
     pub breaker_cooldown: std::time::Duration,
+    /// Whether eviction removes the chunk's file (false: a handle that only answers lookups for
+    /// writers that hold the capacity themselves forgets the chunk, and its index stays within
+    /// the capacity).
+    pub evict_files: bool,
 }
 
 /// At most 1 GiB per chunk: larger is a mistake in the caller's arithmetic.
@@ -45,6 +49,7 @@ impl DiskConfig {
             max_store_bytes_in_flight: 1 << 30,
             breaker_failures: 3,
             breaker_cooldown: std::time::Duration::from_secs(10),
+            evict_files: true,
         }
     }
 

@@ -16,8 +16,10 @@ pub(crate) struct Index {
     /// Bumped by every drop (eviction, removal): a scan that began before a chunk was dropped
     /// listed a file that is gone, and must not bring it back.
     epoch: u64,
-    /// The chunks dropped since the last scan began, with the epoch of the drop.
+    /// The chunks dropped while a scan runs, with the epoch of the drop (none between scans:
+    /// then nothing can bring them back).
     dropped: HashMap<Vec<u8>, u64>,
+    scanning: bool,
 }
 
 /// Where a scan began: what it may add, and what it may prune.
@@ -59,8 +61,9 @@ impl Index {
         self.order.insert(place, key.to_vec());
     }
 
-    /// Where a scan starting now stands: pass it to `add_scanned`, `prune` and `scan_done`.
-    pub fn mark(&self) -> ScanMark {
+    /// A scan starts: where it stands, for `add_scanned`, `prune` and `scan_done`.
+    pub fn begin_scan(&mut self) -> ScanMark {
+        self.scanning = true;
         ScanMark {
             epoch: self.epoch,
             next: self.next,
@@ -86,32 +89,45 @@ impl Index {
     }
 
     /// Drops the chunks the scan that began at `since` did not list (another engine evicted or
-    /// removed their files), unless they were stored or read since it began, or are in flight.
-    /// Returns how many.
-    pub fn prune(&mut self, listed: &HashSet<Vec<u8>>, since: ScanMark) -> usize {
+    /// removed their files), unless they were stored or read since it began, or are in flight:
+    /// at most `max` places of the recency order from place `from` on, so that a large index is
+    /// never held long. Returns the place to go on from, or None when done.
+    pub fn prune(
+        &mut self,
+        listed: &HashSet<Vec<u8>>,
+        since: ScanMark,
+        from: u64,
+        max: usize,
+    ) -> Option<u64> {
         let touched_since = (1 << 62) + since.next;
-        let gone: Vec<Vec<u8>> = self
-            .at
-            .iter()
-            .filter(|(k, &place)| {
-                place <= touched_since && !listed.contains(*k) && !self.busy.contains_key(*k)
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
+        let mut next = None;
+        let mut gone = Vec::new();
+        for (seen, (&place, key)) in self.order.range(from..=touched_since).enumerate() {
+            if seen == max {
+                next = Some(place);
+                break;
+            }
+            if !listed.contains(key) && !self.busy.contains_key(key) {
+                gone.push(key.clone());
+            }
+        }
         for key in &gone {
             self.remove(key);
         }
-        gone.len()
+        next
     }
 
     /// The scan that began at `since` is done: drops before it no longer matter.
     pub fn scan_done(&mut self, since: ScanMark) {
+        self.scanning = false;
         self.dropped.retain(|_, e| *e > since.epoch);
     }
 
     fn drop_key(&mut self, key: &[u8]) {
         self.epoch += 1;
-        self.dropped.insert(key.to_vec(), self.epoch);
+        if self.scanning {
+            self.dropped.insert(key.to_vec(), self.epoch);
+        }
     }
 
     pub fn remove(&mut self, key: &[u8]) -> bool {
@@ -147,7 +163,7 @@ mod tests {
         let mut ix = Index::default();
         ix.touch(b"a");
         ix.touch(b"b");
-        let since = ix.mark();
+        let since = ix.begin_scan();
         ix.add_scanned(b"old1".to_vec(), since, false);
         ix.add_scanned(b"old2".to_vec(), since, false);
         ix.add_scanned(b"a".to_vec(), since, false); // held already: keeps its place
@@ -165,9 +181,13 @@ mod tests {
         ix.add_scanned(b"b".to_vec(), since, false);
         assert!(!ix.contains(b"b"));
         ix.scan_done(since);
-        let next = ix.mark();
+        let next = ix.begin_scan();
         ix.add_scanned(b"b".to_vec(), next, true);
         assert!(ix.contains(b"b"));
+        ix.scan_done(next);
+        // Between scans a drop is not remembered: nothing could bring it back.
+        ix.remove(b"b");
+        assert!(ix.dropped.is_empty());
     }
 
     #[test]
@@ -176,12 +196,19 @@ mod tests {
         for key in [&b"gone"[..], b"kept", b"busy", b"late"] {
             ix.touch(key);
         }
-        let since = ix.mark();
+        let since = ix.begin_scan();
         ix.add_scanned(b"old".to_vec(), since, false); // listed by an earlier scan, now gone
         ix.busy(b"busy", true);
         ix.touch(b"late"); // stored after this scan listed the directory
         let listed: HashSet<Vec<u8>> = [b"kept".to_vec()].into();
-        assert_eq!(ix.prune(&listed, since), 2);
+        // Two places at a time: old, gone | kept, busy (late is past the scan's mark).
+        let mut from = Some(0);
+        let mut rounds = 0;
+        while let Some(at) = from {
+            from = ix.prune(&listed, since, at, 2);
+            rounds += 1;
+        }
+        assert_eq!(rounds, 2);
         assert!(!ix.contains(b"gone") && !ix.contains(b"old"));
         assert!(ix.contains(b"kept") && ix.contains(b"busy") && ix.contains(b"late"));
         // Pruned is dropped: this scan's own listing cannot bring it back.

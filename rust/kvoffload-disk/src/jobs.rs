@@ -66,6 +66,7 @@ struct Shared {
     breaker: Breaker,
     /// Items failed at once, with no I/O, while the breaker was open.
     denied: AtomicU64,
+    evict_files: bool,
 }
 
 impl Shared {
@@ -110,6 +111,7 @@ impl DiskJobs {
         let rescan = cfg.rescan;
         let max_store_bytes = cfg.max_store_bytes_in_flight;
         let breaker = Breaker::new(cfg.breaker_failures, cfg.breaker_cooldown);
+        let evict_files = cfg.evict_files;
         let tier = DiskTier::open(cfg, ns)?;
         let sh = Arc::new(Shared {
             tier,
@@ -134,6 +136,7 @@ impl DiskJobs {
             last_error: Mutex::new(None),
             breaker,
             denied: AtomicU64::new(0),
+            evict_files,
         });
         let jobs = DiskJobs {
             sh: sh.clone(),
@@ -370,9 +373,19 @@ fn worker(sh: &Shared) {
             }
         };
         let store = matches!(item, Item::Store(..));
-        // A panic in one item's I/O fails that item, never its job's completion.
-        let status = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(sh, item)))
-            .unwrap_or(FAILED);
+        let admit = sh.breaker.admit();
+        let status = if admit == Admit::Deny {
+            sh.denied.fetch_add(1, Ordering::Relaxed);
+            FAILED
+        } else {
+            // A panic in one item's I/O fails that item (as a fault of the disk), never its
+            // job's completion, nor the breaker's probe.
+            let (status, fault) =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(sh, item)))
+                    .unwrap_or((FAILED, true));
+            judge(sh, admit, fault);
+            status
+        };
         let mut q = sh.lock();
         if store {
             q.store_bytes -= sh.tier.chunk_bytes() as u64;
@@ -392,18 +405,29 @@ fn worker(sh: &Shared) {
     }
 }
 
-fn run(sh: &Shared, item: Item) -> u8 {
-    let admit = sh.breaker.admit();
-    if admit == Admit::Deny {
-        sh.denied.fetch_add(1, Ordering::Relaxed);
-        return FAILED;
+/// Marks a key in flight (never evicted under its I/O) until dropped, also by a panic.
+struct Busy<'a>(&'a Shared, Vec<u8>);
+
+impl<'a> Busy<'a> {
+    fn new(sh: &'a Shared, key: &[u8]) -> Busy<'a> {
+        sh.index().busy(key, true);
+        Busy(sh, key.to_vec())
     }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.index().busy(&self.1, false);
+    }
+}
+
+/// One item's I/O: its status, and whether it failed by the disk's fault (an I/O error; not a
+/// full filesystem, nor a missing or damaged file).
+fn run(sh: &Shared, item: Item) -> (u8, bool) {
     let key = match &item {
         Item::Store(k, _) | Item::Load(k, _) => k.clone(),
     };
-    // A chunk in flight is not evicted: its file would go while the index says it is there.
-    sh.index().busy(&key, true);
-    // An I/O error is the disk's fault; a full filesystem, a missing or damaged file are not.
+    let busy = Busy::new(sh, &key);
     let mut fault = false;
     let mut failed = |e: DiskError| {
         fault = matches!(e, DiskError::Io(..)) && !e.is_full();
@@ -426,6 +450,25 @@ fn run(sh: &Shared, item: Item) -> u8 {
             Loaded::Failed(e) => failed(e),
         },
     };
+    drop(busy);
+    {
+        let mut ix = sh.index();
+        match status {
+            OK | EXISTS => ix.touch(&key),
+            MISSING | CORRUPT => {
+                ix.remove(&key);
+            }
+            _ => {}
+        }
+    }
+    if status == OK || status == EXISTS {
+        evict(sh);
+    }
+    (status, fault)
+}
+
+/// Tells the breaker how an admitted item went.
+fn judge(sh: &Shared, admit: Admit, fault: bool) {
     if !fault {
         sh.breaker.success();
     } else if sh.breaker.failure(admit == Admit::Probe) {
@@ -440,21 +483,6 @@ fn run(sh: &Shared, item: Item) -> u8 {
             why.unwrap_or_default()
         ));
     }
-    {
-        let mut ix = sh.index();
-        ix.busy(&key, false);
-        match status {
-            OK | EXISTS => ix.touch(&key),
-            MISSING | CORRUPT => {
-                ix.remove(&key);
-            }
-            _ => {}
-        }
-    }
-    if status == OK || status == EXISTS {
-        evict(sh);
-    }
-    status
 }
 
 /// Removes the least recently used chunks until the index fits the capacity (their files too).
@@ -468,7 +496,8 @@ fn evict(sh: &Shared) {
             ix.pop_oldest_idle()
         };
         let Some(key) = victim else { return };
-        if sh.tier.remove(&key).is_ok() {
+        // A lookup-only handle forgets the chunk; its writers' handles remove the file.
+        if !sh.evict_files || sh.tier.remove(&key).is_ok() {
             sh.evicted.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -500,13 +529,13 @@ fn rebuild(sh: &Shared, rescan: Option<Duration>) {
 }
 
 fn scan_into_index(sh: &Shared, recent: bool) {
-    let since = sh.index().mark();
-    if let Ok(mut found) = sh.tier.scan() {
+    let since = sh.index().begin_scan();
+    if let Ok((mut found, complete)) = sh.tier.scan() {
         found.sort_by_key(|(_, modified)| *modified);
         // In batches, so lookups and I/O threads never wait long for the index.
         for batch in found.chunks(4096) {
             if sh.lock().closing {
-                return;
+                break;
             }
             let mut ix = sh.index();
             for (key, _) in batch {
@@ -514,9 +543,14 @@ fn scan_into_index(sh: &Shared, recent: bool) {
             }
         }
         // Files gone since (another engine evicted them) are misses here too, not loads that
-        // fail.
-        let listed: HashSet<Vec<u8>> = found.into_iter().map(|(key, _)| key).collect();
-        sh.index().prune(&listed, since);
+        // fail; only after a listing that saw every subdirectory.
+        if complete && !sh.lock().closing {
+            let listed: HashSet<Vec<u8>> = found.into_iter().map(|(key, _)| key).collect();
+            let mut from = Some(0);
+            while let Some(at) = from {
+                from = sh.index().prune(&listed, since, at, 4096);
+            }
+        }
     }
     sh.index().scan_done(since);
 }

@@ -33,6 +33,10 @@ pub enum Loaded {
     Failed(DiskError),
 }
 
+/// A scan of the directory: each chunk's key and its file's time, and whether every
+/// subdirectory and file could be read.
+pub type Listing = (Vec<(Vec<u8>, std::time::SystemTime)>, bool);
+
 pub struct DiskTier {
     dir: PathBuf,
     ns: [u8; 16],
@@ -319,21 +323,44 @@ impl DiskTier {
     }
 
     /// Every chunk with a file in this namespace's directory (key, last modified), for the
-    /// index an engine rebuilds at start-up; names that are not a chunk's are left alone, and
-    /// temporary files an hour old (writes a crash cut short) are removed.
-    pub fn scan(&self) -> Result<Vec<(Vec<u8>, std::time::SystemTime)>> {
+    /// index an engine rebuilds at start-up, and whether the listing is complete (false: some
+    /// subdirectory or file could not be read, so an absent chunk may still have its file).
+    /// Names that are not a chunk's are left alone, and temporary files an hour old (writes a
+    /// crash cut short) are removed.
+    pub fn scan(&self) -> Result<Listing> {
         let mut out = Vec::new();
+        let mut complete = true;
+        // Gone meanwhile (another engine's eviction) is not a gap in the listing.
+        let mut seen = |e: &io::Error| complete &= e.kind() == ErrorKind::NotFound;
         let subdirs = fs::read_dir(&self.dir).map_err(|e| DiskError::io("listing the tier", e))?;
-        for sub in subdirs.flatten() {
+        for sub in subdirs {
+            let sub = match sub {
+                Ok(sub) => sub,
+                Err(e) => {
+                    seen(&e);
+                    continue;
+                }
+            };
             // Only `<2 hex digits>` subdirectories hold chunks, each the keys of its fan.
             let fan = match sub.file_name().to_str().and_then(files::unhex).as_deref() {
                 Some(&[fan]) => fan,
                 _ => continue,
             };
-            let Ok(entries) = fs::read_dir(sub.path()) else {
-                continue;
+            let entries = match fs::read_dir(sub.path()) {
+                Ok(entries) => entries,
+                Err(e) => {
+                    seen(&e);
+                    continue;
+                }
             };
-            for entry in entries.flatten() {
+            for entry in entries {
+                let entry = match entry {
+                    Ok(entry) => entry,
+                    Err(e) => {
+                        seen(&e);
+                        continue;
+                    }
+                };
                 let name = entry.file_name();
                 if name.to_string_lossy().starts_with(TMP_PREFIX) {
                     remove_if_stale(&entry.path());
@@ -345,12 +372,13 @@ impl DiskTier {
                 if key.is_empty() || key.len() > MAX_KEY_BYTES || files::fan_of(&key) != fan {
                     continue;
                 }
-                if let Ok(modified) = entry.metadata().and_then(|m| m.modified()) {
-                    out.push((key, modified));
+                match entry.metadata().and_then(|m| m.modified()) {
+                    Ok(modified) => out.push((key, modified)),
+                    Err(e) => seen(&e),
                 }
             }
         }
-        Ok(out)
+        Ok((out, complete))
     }
 }
 

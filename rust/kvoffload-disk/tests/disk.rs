@@ -85,7 +85,7 @@ fn chunks_come_back_byte_for_byte_direct_or_buffered_aligned_or_not() {
                 (8, 1, 8, 1)
             );
             assert_eq!(s.bytes_written, 8 * chunk as u64);
-            assert_eq!(t.scan().unwrap().len(), 8);
+            assert_eq!(t.scan().unwrap().0.len(), 8);
         }
     }
 }
@@ -314,14 +314,14 @@ fn scan_finds_every_chunk_and_leaves_other_files_alone() {
     fs::copy(&chunk, other_fan.join(chunk.file_name().unwrap())).unwrap();
     fs::create_dir_all(t.dir().join("xyz")).unwrap();
     fs::copy(&chunk, t.dir().join("xyz").join(chunk.file_name().unwrap())).unwrap();
-    let mut keys: Vec<Vec<u8>> = t.scan().unwrap().into_iter().map(|(k, _)| k).collect();
+    let mut keys: Vec<Vec<u8>> = t.scan().unwrap().0.into_iter().map(|(k, _)| k).collect();
     keys.sort();
     assert_eq!(keys, (0..20u8).map(|k| vec![k; 36]).collect::<Vec<_>>());
     // Another namespace's directory beside it is not this tier's.
     let mut cfg = DiskConfig::new(&d.0, 4096);
     cfg.direct = DirectIo::Off;
     let other = DiskTier::open(cfg, *b"another-namespac").unwrap();
-    assert!(other.scan().unwrap().is_empty());
+    assert!(other.scan().unwrap().0.is_empty());
 }
 
 #[test]

@@ -80,7 +80,7 @@ fn load(jobs: &DiskJobs, ids: &[u32]) -> (Vec<u8>, Vec<Vec<u8>>) {
 }
 
 fn files_on_disk(jobs: &DiskJobs) -> usize {
-    jobs.tier().scan().unwrap().len()
+    jobs.tier().scan().unwrap().0.len()
 }
 
 #[test]
@@ -320,4 +320,30 @@ fn missing_files_are_not_a_failing_disk() {
     let jobs = open(&d, 100, 1);
     assert_eq!(load(&jobs, &[1, 2, 3, 4]).0, vec![MISSING; 4]);
     assert_eq!(jobs.state(), BreakerState::Up);
+}
+
+#[test]
+fn a_handle_that_does_not_evict_files_forgets_chunks_past_its_capacity() {
+    let d = TempDir::new("forget");
+    let writer = open(&d, 100, 1);
+    for i in 0..4 {
+        assert_eq!(store(&writer, &[i]), vec![OK]);
+    }
+    let mut cfg = DiskConfig::new(&d.0, CHUNK);
+    cfg.rescan = None;
+    cfg.evict_files = false;
+    let lookups = DiskJobs::open(cfg, NS, 2 * FILE, 1).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !lookups.scanned() {
+        assert!(Instant::now() < until, "the index was never rebuilt");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Its index holds 2 (the newest files); the writer's 4 files stay.
+    assert_eq!(lookups.counts(), (2, 2));
+    let ks: Vec<Vec<u8>> = (4..6).map(key).collect();
+    let refs: Vec<&[u8]> = ks.iter().map(Vec::as_slice).collect();
+    lookups.note_present(&refs);
+    assert_eq!(lookups.counts(), (2, 4));
+    assert_eq!(lookups.lookup_prefix(&refs), 2);
+    assert_eq!(files_on_disk(&writer), 4);
 }

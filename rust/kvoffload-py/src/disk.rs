@@ -51,7 +51,7 @@ impl DiskTier {
     #[pyo3(signature = (
         path, namespace, chunk_bytes, capacity_bytes, *, direct_io = "auto", io_threads = 8,
         rescan_interval_s = 10.0, max_store_bytes_in_flight = 1_073_741_824,
-        breaker_failures = 3, breaker_cooldown_s = 10.0,
+        breaker_failures = 3, breaker_cooldown_s = 10.0, evict_files = true,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -66,10 +66,11 @@ impl DiskTier {
         max_store_bytes_in_flight: u64,
         breaker_failures: u32,
         breaker_cooldown_s: f64,
+        evict_files: bool,
     ) -> PyResult<Self> {
-        if !breaker_cooldown_s.is_finite() || !(0.0..=3600.0).contains(&breaker_cooldown_s) {
+        if !breaker_cooldown_s.is_finite() || !(0.01..=3600.0).contains(&breaker_cooldown_s) {
             return Err(PyValueError::new_err(format!(
-                "breaker_cooldown_s={breaker_cooldown_s} is out of range; allowed: 0 to 3600 \
+                "breaker_cooldown_s={breaker_cooldown_s} is out of range; allowed: 0.01 to 3600 \
                  seconds"
             )));
         }
@@ -101,6 +102,7 @@ impl DiskTier {
         cfg.max_store_bytes_in_flight = max_store_bytes_in_flight;
         cfg.breaker_failures = breaker_failures;
         cfg.breaker_cooldown = Duration::from_secs_f64(breaker_cooldown_s);
+        cfg.evict_files = evict_files;
         let jobs = py
             .detach(|| DiskJobs::open(cfg, ns, capacity_bytes, io_threads))
             .map_err(to_py)?;

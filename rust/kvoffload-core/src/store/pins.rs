@@ -1,6 +1,6 @@
 //! Pins that keep a ready key from eviction: a load's and a write's hold (each counted).
 
-use super::entry::{State, LOAD_PINS, WRITE_HOLD, WRITE_HOLDS};
+use super::entry::{Entry, State, LOAD_PINS, WRITE_HOLD, WRITE_HOLDS};
 use super::{RankedBatch, Store};
 use crate::error::{Error, Result};
 use crate::key::validate_keys;
@@ -35,8 +35,10 @@ impl Store {
         batch: Option<RankedBatch<'_>>,
     ) -> Result<Vec<u32>> {
         RankedBatch::check(batch, keys.len())?;
+        // A count that would reach the write holds' bits is refused (2**28 loads of one key).
+        let room = |e: &Entry| (e.pins & LOAD_PINS) as usize + keys.len() < LOAD_PINS as usize;
         let slots = self.resolve(keys, "prepare_load", "ready", |e| {
-            e.state == State::Ready && e.live()
+            e.state == State::Ready && e.live() && room(e)
         })?;
         for (j, &slot) in slots.iter().enumerate() {
             if let Some(rank) = RankedBatch::rank_at(batch, j) {
