@@ -73,7 +73,6 @@ class Context:
         self.config = config
         self.store = store
         self.stats = SchedulerStats()
-        self.secondary_tiers: tuple[SharedTier, ...] = ()
         self.requests: dict[str, Request] = {}
         self.jobs: dict[int, InFlight] = {}
         self.loads_in_flight = 0

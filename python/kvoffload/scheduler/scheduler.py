@@ -99,7 +99,7 @@ class OffloadScheduler:
         self._jobs = ctx.jobs
         self._stats = ctx.stats
         job_ids = itertools.count()
-        self.secondary_tiers = ctx.secondary_tiers = tuple(
+        self.secondary_tiers = tuple(
             SharedTier(
                 store,
                 link.lookups,
