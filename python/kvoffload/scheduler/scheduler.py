@@ -74,7 +74,8 @@ class OffloadScheduler:
         `secondary_tiers` stand behind the CPU tier in lookup order (a chain: CPU -> first ->
         second ...), each read by `world_size` workers and written by `writers` of them
         (default: all; see `SharedTier`): a lookup asks them in order for the rest of the prefix,
-        and every chunk whose CPU-tier store completes is written on to each of them.
+        every chunk whose CPU-tier store completes is written on to each of them, and a chunk
+        promoted from one is written to those before it.
 
         `groups` are the model's KV-cache groups (default: one full-attention group). With more,
         or a window group, block tables and new blocks are given per group, and
@@ -114,6 +115,8 @@ class OffloadScheduler:
             )
             for i, link in enumerate(secondary_tiers)
         )
+        for i, tier in enumerate(self.secondary_tiers):
+            tier.above = self.secondary_tiers[:i]
         self._several = SeveralGroupsPlanner(ctx, hybrid) if several else None
         self._planner: Planner = self._several or OneGroupPlanner(ctx)
 

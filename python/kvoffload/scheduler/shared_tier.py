@@ -98,6 +98,9 @@ class SharedTier:
         self.tier = tier
         self._job_ids = itertools.count() if job_ids is None else job_ids
         self._share = share
+        self.above: tuple[SharedTier, ...] = ()
+        """The tiers before it in the chain: what it promotes is written to them on its way up
+        (a chunk found in Redis reaches the disk in front of it)."""
         self.world_size = world_size
         self.writers = world_size if writers is None else writers
         self.medium = medium
@@ -161,12 +164,16 @@ class SharedTier:
         if job.ok.all():
             self.store.complete_store(job.keys, True)
             self._stats.remote_chunks_promoted += len(job.keys)
+            for tier in self.above:
+                tier.stored(job.keys)
             return
         keys = job.keys.to_list()
         arrived = [k for k, good in zip(keys, job.ok, strict=True) if good]
         failed = [k for k, good in zip(keys, job.ok, strict=True) if not good]
         if arrived:
             self.store.complete_store(arrived, True)
+            for tier in self.above:
+                tier.stored(KeyList(arrived))
         if failed:
             self.store.complete_store(failed, False)
             self.lookups.mark_miss(failed)
