@@ -405,19 +405,34 @@ fn worker(sh: &Shared) {
     }
 }
 
-/// Marks a key in flight (never evicted under its I/O) until dropped, also by a panic.
-struct Busy<'a>(&'a Shared, Vec<u8>);
+/// Marks a key in flight (never evicted under its I/O) until released, or dropped by a panic.
+struct Busy<'a> {
+    sh: Option<&'a Shared>,
+    key: Vec<u8>,
+}
 
 impl<'a> Busy<'a> {
     fn new(sh: &'a Shared, key: &[u8]) -> Busy<'a> {
         sh.index().busy(key, true);
-        Busy(sh, key.to_vec())
+        Busy {
+            sh: Some(sh),
+            key: key.to_vec(),
+        }
+    }
+
+    /// Ends it under the caller's hold of the index (with what follows from the I/O, so that no
+    /// eviction comes between).
+    fn release(mut self, ix: &mut Index) {
+        ix.busy(&self.key, false);
+        self.sh = None;
     }
 }
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        self.0.index().busy(&self.1, false);
+        if let Some(sh) = self.sh {
+            sh.index().busy(&self.key, false);
+        }
     }
 }
 
@@ -450,9 +465,9 @@ fn run(sh: &Shared, item: Item) -> (u8, bool) {
             Loaded::Failed(e) => failed(e),
         },
     };
-    drop(busy);
     {
         let mut ix = sh.index();
+        busy.release(&mut ix);
         match status {
             OK | EXISTS => ix.touch(&key),
             MISSING | CORRUPT => {
