@@ -315,9 +315,18 @@ impl DiskJobs {
 
     /// Waits up to `timeout` for a completion; returns every one there is.
     pub fn wait(&self, timeout: Duration) -> Vec<Completion> {
+        self.wait_until(timeout, |q| !q.done.is_empty())
+    }
+
+    /// Waits until no job is in flight, or `timeout`; returns every completion there is.
+    pub fn drain(&self, timeout: Duration) -> Vec<Completion> {
+        self.wait_until(timeout, |q| q.open.is_empty())
+    }
+
+    fn wait_until(&self, timeout: Duration, ready: impl Fn(&Queue) -> bool) -> Vec<Completion> {
         let deadline = Instant::now() + timeout;
         let mut q = self.sh.lock();
-        while q.done.is_empty() {
+        while !ready(&q) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;

@@ -347,3 +347,26 @@ fn a_handle_that_does_not_evict_files_forgets_chunks_past_its_capacity() {
     assert_eq!(lookups.lookup_prefix(&refs), 2);
     assert_eq!(files_on_disk(&writer), 4);
 }
+
+#[test]
+fn drain_returns_once_no_job_is_in_flight() {
+    let d = TempDir::new("drain");
+    let jobs = open(&d, 100, 2);
+    let bufs: Vec<Vec<u8>> = (0..6).map(data).collect();
+    let mut ids = Vec::new();
+    for (i, b) in bufs.iter().enumerate() {
+        // SAFETY: `bufs` outlives the jobs (drained below).
+        let item = (key(i as u32), unsafe { RawBuf::new(b.as_ptr(), b.len()) });
+        ids.push(jobs.submit_store(vec![item]).unwrap());
+    }
+    let mut done: Vec<u64> = jobs
+        .drain(Duration::from_secs(30))
+        .into_iter()
+        .map(|c| c.job_id)
+        .collect();
+    done.sort_unstable();
+    assert_eq!(done, ids);
+    assert_eq!(jobs.in_flight(), 0);
+    // Nothing in flight: at once, and empty.
+    assert!(jobs.drain(Duration::from_secs(30)).is_empty());
+}

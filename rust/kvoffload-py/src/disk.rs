@@ -8,7 +8,7 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn to_py(err: DiskError) -> PyErr {
     match err {
@@ -221,19 +221,8 @@ impl DiskTier {
 
     /// Waits until every job in flight has completed, or `timeout_s`; returns the completions.
     fn drain<'py>(&self, py: Python<'py>, timeout_s: f64) -> PyResult<Bound<'py, PyList>> {
-        let until = Instant::now() + timeout(timeout_s)?;
-        let done = py.detach(|| {
-            let mut done = self.jobs.poll();
-            while self.jobs.in_flight() > 0 {
-                let left = until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                done.extend(self.jobs.wait(left.min(Duration::from_millis(50))));
-            }
-            done.extend(self.jobs.poll());
-            done
-        });
+        let t = timeout(timeout_s)?;
+        let done = py.detach(|| self.jobs.drain(t));
         self.handed_out(py, done)
     }
 
