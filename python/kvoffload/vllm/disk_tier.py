@@ -29,7 +29,7 @@ from vllm.v1.kv_offload.base import (
     ScheduleEndContext,
 )
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
-from vllm.v1.kv_offload.tiering.base import TIER_LABEL, JobResult, TransferJob
+from vllm.v1.kv_offload.tiering.base import TIER_LABEL
 
 from kvoffload.disk import DISK_COUNTERS, DISK_GAUGES, DiskClient, DiskReport, DiskTierConfig
 from kvoffload.vllm.chunk_tier import ChunkTier, identity_of
@@ -40,9 +40,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _METRIC = "kvoffload:disk_tier_"
-# Chunks whose load failed stay misses (vLLM's livelock guard) until stored again; at most this
-# many are remembered, oldest forgotten first.
-_MAX_FAILED = 65_536
 
 
 class DiskTier(ChunkTier):
@@ -72,7 +69,6 @@ class DiskTier(ChunkTier):
         chunk_bytes = self.block_size_bytes
         digest = identity_of(offloading_spec, config.namespace, chunk_bytes).digest()
         self._client = DiskClient(config, digest, chunk_bytes)
-        self._failed: dict[OffloadKey, None] = {}
         self._report = DiskReport(self._client)
         logger.info(
             "DiskTier %s: %d bytes, %s I/O, %d I/O threads",
@@ -85,8 +81,6 @@ class DiskTier(ChunkTier):
     # --- lookups ---------------------------------------------------------------------------
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if key in self._failed:
-            return LookupResult.MISS
         return LookupResult.HIT if self._client.lookup_prefix([key]) else LookupResult.MISS
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -99,19 +93,9 @@ class DiskTier(ChunkTier):
         return f"DiskTier {self.config.path}"
 
     def _missed(self, keys: list[OffloadKey]) -> None:
-        for key in keys:
-            self._failed[key] = None
-        while len(self._failed) > _MAX_FAILED:
-            del self._failed[next(iter(self._failed))]
-
-    def _store_result(
-        self, job: TransferJob, keys: list[OffloadKey], statuses: bytes, took: float
-    ) -> JobResult:
-        result = super()._store_result(job, keys, statuses, took)
-        if result.success:
-            for key in keys:
-                self._failed.pop(key, None)
-        return result
+        # Out of the index (vLLM's livelock guard): a miss until stored again, or until a rescan
+        # lists its file again (a file a read failed on, not a damaged or missing one).
+        self._client.note_missing(keys)
 
     def has_pending_work(self) -> bool:
         return bool(self._jobs)
