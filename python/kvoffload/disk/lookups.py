@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from kvoffload.disk.client import DiskClient
 from kvoffload.disk.config import DiskTierConfig
-from kvoffload.store import KeyRange
+from kvoffload.store import KeyRange, Keys
 
 
 class DiskLookups:
@@ -49,8 +49,8 @@ class DiskLookups:
     def mark_miss(self, keys: Iterable[bytes]) -> None:
         self._client.note_missing(list(keys))
 
-    def mark_stored(self, keys: Iterable[bytes]) -> None:
-        self._client.note_present(list(keys))
+    def mark_stored(self, keys: Keys) -> None:
+        self._client.note_present(keys)
 
     def cleanup(self, request: str) -> None:
         """Nothing is kept per request."""

@@ -44,7 +44,7 @@ class RemoteLookups:
         """Keys a load failed on count as missing until their requests finish."""
         self._table.mark_miss(list(keys))
 
-    def mark_stored(self, keys: Iterable[bytes]) -> None:
+    def mark_stored(self, keys: Keys) -> None:
         """Nothing to note: verdicts are per request, and a later request asks the server (which
         may have evicted them meanwhile)."""
 

@@ -35,7 +35,7 @@ class Lookups(Protocol):
     def lookup_prefix(self, keys: KeyRange, request: str) -> tuple[int, bool]: ...
     def flush(self) -> None: ...
     def mark_miss(self, keys: list[bytes]) -> None: ...
-    def mark_stored(self, keys: list[bytes]) -> None: ...
+    def mark_stored(self, keys: KeyList | list[bytes]) -> None: ...
     def cleanup(self, request: str) -> None: ...
     def in_flight(self) -> int: ...
     @property
@@ -212,10 +212,14 @@ class SharedTier:
             return
         del self._cascades[job_id]
         assert job.ok is not None
-        keys = job.keys.to_list()
-        written_on = [k for k, good in zip(keys, job.ok, strict=True) if good]
+        # Per key in Python only when some write failed (a job's keys go to Rust as one batch).
+        written_on: KeyList | list[bytes] = job.keys
+        if not job.ok.all():
+            keys = job.keys.to_list()
+            written_on = [k for k, good in zip(keys, job.ok, strict=True) if good]
         self.lookups.mark_stored(written_on)
-        self._event("stored", written_on)
+        if self._events is not None:
+            self._event("stored", list(written_on))
         self.store.release_write(job.keys)
         self._cascading_slots -= len(job.keys)
         self._drain_backlog()
