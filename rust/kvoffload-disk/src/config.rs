@@ -34,6 +34,14 @@ pub struct DiskConfig {
     /// writers that hold the capacity themselves forgets the chunk, and its index stays within
     /// the capacity).
     pub evict_files: bool,
+    /// Never write (a directory shipped read-only): stores are dropped at once, nothing is
+    /// created, removed or touched; lookups and loads serve what the directory holds.
+    pub read_only: bool,
+    /// Lookups per step (between two `flush`es) that may look for the files of chunks the index
+    /// lacks (written by other engines since the last scan); 0: the index answers alone.
+    pub probes_per_step: usize,
+    /// How long a file a probe found absent is a miss without looking again.
+    pub probe_miss_ttl: std::time::Duration,
 }
 
 /// At most 1 GiB per chunk: larger is a mistake in the caller's arithmetic.
@@ -50,6 +58,9 @@ impl DiskConfig {
             breaker_failures: 3,
             breaker_cooldown: std::time::Duration::from_secs(10),
             evict_files: true,
+            read_only: false,
+            probes_per_step: 64,
+            probe_miss_ttl: std::time::Duration::from_secs(1),
         }
     }
 

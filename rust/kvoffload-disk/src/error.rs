@@ -20,8 +20,27 @@ impl DiskError {
 
     /// The filesystem is full (or over quota): a store is dropped, the tier keeps serving.
     pub fn is_full(&self) -> bool {
-        matches!(self, DiskError::Io(_, e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)))
+        matches!(self, DiskError::Io(_, e) if is_full(e))
     }
+
+    /// The directory refuses writes (`EROFS`, `EACCES`, `EPERM`): the tier serves reads.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, DiskError::Io(_, e) if is_read_only(e))
+    }
+}
+
+/// The filesystem refuses writes to the tier's directory (mounted read-only, or no permission):
+/// stores are dropped, reads go on.
+pub(crate) fn is_read_only(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EROFS | libc::EACCES | libc::EPERM)
+    )
+}
+
+/// The filesystem has no room (or the quota is spent).
+pub(crate) fn is_full(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
 }
 
 impl fmt::Display for DiskError {

@@ -8,7 +8,10 @@
 use crate::config::DiskConfig;
 use crate::error::{DiskError, Result};
 use crate::files;
+use crate::gate::{Gate, Shut, Writes};
 use crate::index::Index;
+use crate::probes::{ProbeKeys, Probes, Verdict};
+use crate::stats::Counters;
 use crate::tier::{DiskTier, Loaded, Stored};
 use kvoffload_format::breaker::{Admit, Breaker, BreakerState};
 use kvoffload_format::buf::{first_overlap, RawBuf, RawBufMut};
@@ -33,7 +36,8 @@ enum Item {
 }
 
 struct Queue {
-    /// Loads go first: a request waits on them, while stores only fill the tier.
+    /// Probes go first, then loads: a request waits on them, while stores only fill the tier.
+    probes: VecDeque<ProbeKeys>,
     loads: VecDeque<(u64, usize, Item)>,
     stores: VecDeque<(u64, usize, Item)>,
     /// Per job: its statuses so far, and how many items are left.
@@ -67,6 +71,13 @@ struct Shared {
     /// Items failed at once, with no I/O, while the breaker was open.
     denied: AtomicU64,
     evict_files: bool,
+    read_only: bool,
+    /// Whether stores are written now (a full or read-only filesystem drops them without I/O).
+    gate: Gate,
+    probes: Mutex<Probes>,
+    /// How long a chunk whose load failed stays a miss (a rescan's interval: vLLM's livelock
+    /// guard, a failed read retried at most once a rescan).
+    failed_hold: Duration,
 }
 
 impl Shared {
@@ -80,6 +91,10 @@ impl Shared {
 
     fn index(&self) -> MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn probes(&self) -> MutexGuard<'_, Probes> {
+        self.probes.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -111,12 +126,20 @@ impl DiskJobs {
         let rescan = cfg.rescan;
         let max_store_bytes = cfg.max_store_bytes_in_flight;
         let breaker = Breaker::new(cfg.breaker_failures, cfg.breaker_cooldown);
-        let evict_files = cfg.evict_files;
+        // A directory that may not be written keeps its files: past the capacity it forgets.
+        let evict_files = cfg.evict_files && !cfg.read_only;
+        let read_only = cfg.read_only;
+        let probes = Probes::new(cfg.probes_per_step, cfg.probe_miss_ttl);
+        let failed_hold = rescan
+            .unwrap_or(Duration::from_secs(10))
+            .max(cfg.probe_miss_ttl);
         let tier = DiskTier::open(cfg, ns)?;
+        let gate = Gate::new(tier.dir().to_path_buf(), per_file, read_only);
         let sh = Arc::new(Shared {
             tier,
             capacity_files: (capacity_bytes / per_file) as usize,
             q: Mutex::new(Queue {
+                probes: VecDeque::new(),
                 loads: VecDeque::new(),
                 stores: VecDeque::new(),
                 open: HashMap::new(),
@@ -137,6 +160,10 @@ impl DiskJobs {
             breaker,
             denied: AtomicU64::new(0),
             evict_files,
+            read_only,
+            gate,
+            probes: Mutex::new(probes),
+            failed_hold,
         });
         let jobs = DiskJobs {
             sh: sh.clone(),
@@ -214,6 +241,42 @@ impl DiskJobs {
         keys.iter().take_while(|k| ix.contains(k)).count()
     }
 
+    /// `lookup_prefix`, and whether to ask again next step: where the index lacks a key, this
+    /// step's probes (sent at `flush`) look for the files from there on, on the I/O threads, and
+    /// until one has answered the lookup waits. `request` names who asks (a request's later keys
+    /// join its probe). No I/O here.
+    pub fn lookup(&self, keys: &[&[u8]], request: &str) -> (usize, bool) {
+        let found = self.lookup_prefix(keys);
+        if found == keys.len() || self.sh.breaker.state() == BreakerState::Down {
+            return (found, false);
+        }
+        let verdict = self
+            .sh
+            .probes()
+            .ask(&keys[found..], request, Instant::now());
+        (found, verdict == Verdict::Wait)
+    }
+
+    /// Hands this step's probes to the I/O threads (once a step, after its lookups).
+    pub fn flush(&self) {
+        let sent = self.sh.probes().flush(Instant::now());
+        if sent.is_empty() {
+            return;
+        }
+        self.sh.lock().probes.extend(sent);
+        self.sh.work_cv.notify_all();
+    }
+
+    /// Probes sent or still to send.
+    pub fn probes_in_flight(&self) -> usize {
+        self.sh.probes().in_flight()
+    }
+
+    /// Whether stores are written now, or dropped (a full or read-only filesystem).
+    pub fn writes(&self) -> Writes {
+        self.sh.gate.writes()
+    }
+
     /// Takes `keys` into the index as just used, without I/O: chunks written through another
     /// handle on this directory, known here before the next scan lists them.
     pub fn note_present(&self, keys: &[&[u8]]) {
@@ -227,11 +290,19 @@ impl DiskJobs {
     }
 
     /// Drops `keys` from the index, without I/O: chunks a load through another handle found
-    /// absent or damaged. A later scan that lists a file of one takes it in again.
+    /// absent or damaged. They are misses until a later scan lists a file of one again, and
+    /// for a rescan's interval at least (no probe finds them again meanwhile).
     pub fn note_missing(&self, keys: &[&[u8]]) {
-        let mut ix = self.sh.index();
+        {
+            let mut ix = self.sh.index();
+            for key in keys {
+                ix.remove(key);
+            }
+        }
+        let until = Instant::now() + self.sh.failed_hold;
+        let mut probes = self.sh.probes();
         for key in keys {
-            ix.remove(key);
+            probes.miss(key, until);
         }
     }
 
@@ -279,12 +350,20 @@ impl DiskJobs {
             .count() as u64
             * chunk;
         let full = store_bytes > 0 && q.store_bytes + store_bytes > self.sh.max_store_bytes;
-        if items.is_empty() || q.closing || full {
-            let status = if full && !q.closing { DROPPED } else { FAILED };
+        let read_only = store_bytes > 0 && self.sh.read_only;
+        if items.is_empty() || q.closing || full || read_only {
+            let status = if (full || read_only) && !q.closing {
+                DROPPED
+            } else {
+                FAILED
+            };
             if status == DROPPED {
-                self.sh
-                    .dropped
-                    .fetch_add(items.len() as u64, Ordering::Relaxed);
+                let n = items.len() as u64;
+                if read_only {
+                    Counters::add(&self.sh.tier.counters().stores_read_only, n);
+                } else {
+                    self.sh.dropped.fetch_add(n, Ordering::Relaxed);
+                }
             }
             let statuses = vec![status; items.len()];
             q.done.push(Completion {
@@ -372,6 +451,12 @@ fn worker(sh: &Shared) {
         let (job, i, item) = {
             let mut q = sh.lock();
             loop {
+                if let Some(keys) = q.probes.pop_front() {
+                    drop(q);
+                    probe(sh, &keys);
+                    q = sh.lock();
+                    continue;
+                }
                 if let Some(next) = q.loads.pop_front().or_else(|| q.stores.pop_front()) {
                     break next;
                 }
@@ -454,15 +539,35 @@ fn run(sh: &Shared, item: Item) -> (u8, bool) {
     let busy = Busy::new(sh, &key);
     let mut fault = false;
     let mut failed = |e: DiskError| {
-        fault = matches!(e, DiskError::Io(..)) && !e.is_full();
+        // A full or read-only filesystem is no fault of the disk: reads go on.
+        fault = matches!(e, DiskError::Io(..)) && !e.is_full() && !e.is_read_only();
+        if e.is_full() {
+            sh.gate.shut(Shut::Full, Instant::now());
+        } else if e.is_read_only() {
+            sh.gate.shut(Shut::ReadOnly, Instant::now());
+        }
         sh.note(e.to_string());
         FAILED
     };
     let status = match item {
-        Item::Store(key, buf) => match sh.tier.store(&key, buf.slice()) {
-            Stored::Written => OK,
-            Stored::Exists => EXISTS,
-            Stored::Failed(e) => failed(e),
+        Item::Store(key, buf) => match sh.gate.admit(Instant::now()) {
+            Err(why) => {
+                let c = sh.tier.counters();
+                let counter = match why {
+                    Shut::Full => &c.stores_full,
+                    Shut::ReadOnly => &c.stores_read_only,
+                };
+                Counters::add(counter, 1);
+                DROPPED
+            }
+            Ok(()) => match sh.tier.store(&key, buf.slice()) {
+                Stored::Written => {
+                    sh.gate.written();
+                    OK
+                }
+                Stored::Exists => EXISTS,
+                Stored::Failed(e) => failed(e),
+            },
         },
         Item::Load(key, mut buf) => match sh.tier.load(&key, buf.slice_mut()) {
             Loaded::Ok => OK,
@@ -489,6 +594,26 @@ fn run(sh: &Shared, item: Item) -> (u8, bool) {
         evict(sh);
     }
     (status, fault)
+}
+
+/// Looks for the files of `keys` in order, up to the first that is absent: those found go into
+/// the index (as just used), the absent one is a miss for a while.
+fn probe(sh: &Shared, keys: &ProbeKeys) {
+    let found = keys.iter().take_while(|k| sh.tier.has_file(k)).count();
+    let c = sh.tier.counters();
+    Counters::add(&c.probed, (found + usize::from(found < keys.len())) as u64);
+    Counters::add(&c.probe_hits, found as u64);
+    if found > 0 {
+        let mut ix = sh.index();
+        for key in keys.iter().take(found) {
+            ix.touch(key);
+        }
+    }
+    let absent = (found < keys.len()).then(|| keys.get(found));
+    sh.probes().done(keys, absent, Instant::now());
+    if found > 0 {
+        evict(sh);
+    }
 }
 
 /// Tells the breaker how an admitted item went.

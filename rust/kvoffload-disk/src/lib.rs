@@ -12,13 +12,16 @@ mod aligned;
 mod config;
 mod error;
 mod files;
+mod gate;
 mod index;
 mod jobs;
+mod probes;
 mod stats;
 mod tier;
 
 pub use config::{DirectIo, DiskConfig};
 pub use error::{DiskError, Result};
+pub use gate::Writes;
 pub use jobs::{Completion, DiskJobs};
 pub use kvoffload_format::breaker::BreakerState;
 pub use stats::Stats;

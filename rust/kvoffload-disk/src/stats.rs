@@ -8,6 +8,9 @@ pub(crate) struct Counters {
     pub store_exists: AtomicU64,
     pub store_failures: AtomicU64,
     pub stores_full: AtomicU64,
+    pub stores_read_only: AtomicU64,
+    pub probed: AtomicU64,
+    pub probe_hits: AtomicU64,
     pub loaded_chunks: AtomicU64,
     pub load_missing: AtomicU64,
     pub load_failures: AtomicU64,
@@ -22,10 +25,18 @@ pub struct Stats {
     pub stored_chunks: u64,
     /// Stores that found the chunk's file there already (another writer's, or an earlier one).
     pub store_exists: u64,
-    /// Stores that failed for any reason, `stores_full` among them.
+    /// Stores tried that failed for any reason (a full or read-only filesystem among them).
     pub store_failures: u64,
-    /// Stores dropped because the filesystem was full (`ENOSPC`, `EDQUOT`).
+    /// Stores not written because the filesystem was full (`ENOSPC`, `EDQUOT`): the one that
+    /// found it full, and those dropped after it without I/O until it had room again.
     pub stores_full: u64,
+    /// Stores not written because the directory refuses writes (`EROFS`, `EACCES`, `EPERM`, or
+    /// `read_only`): tried at most once every 30 s, the rest dropped without I/O.
+    pub stores_read_only: u64,
+    /// Files looked for by lookups the index could not answer (chunks other engines wrote since
+    /// the last scan), and chunks found that way.
+    pub probed: u64,
+    pub probe_hits: u64,
     pub loaded_chunks: u64,
     pub load_missing: u64,
     /// Loads the filesystem failed (not a missing or damaged file).
@@ -48,6 +59,9 @@ impl Counters {
             store_exists: g(&self.store_exists),
             store_failures: g(&self.store_failures),
             stores_full: g(&self.stores_full),
+            stores_read_only: g(&self.stores_read_only),
+            probed: g(&self.probed),
+            probe_hits: g(&self.probe_hits),
             loaded_chunks: g(&self.loaded_chunks),
             load_missing: g(&self.load_missing),
             load_failures: g(&self.load_failures),

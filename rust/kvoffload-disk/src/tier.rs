@@ -2,7 +2,7 @@
 
 use crate::aligned::{is_aligned, round_up, AlignedBuf, ALIGN};
 use crate::config::{DirectIo, DiskConfig};
-use crate::error::{DiskError, Result};
+use crate::error::{is_full, is_read_only, DiskError, Result};
 use crate::files::{self, HEADER_BLOCK, MAX_KEY_BYTES, TMP_PREFIX};
 use crate::stats::{Counters, Stats};
 use kvoffload_format::{crc, Header, Layout, HEADER_LEN};
@@ -10,7 +10,7 @@ use std::fs::{self, File};
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 /// What a store did.
 #[derive(Debug)]
@@ -37,11 +37,19 @@ pub enum Loaded {
 /// subdirectory and file could be read.
 pub type Listing = (Vec<(Vec<u8>, std::time::SystemTime)>, bool);
 
+/// Whether reads and writes bypass the page cache: no, yes, or not known yet (buffered).
+const DIRECT_NO: u8 = 0;
+const DIRECT_YES: u8 = 1;
+const DIRECT_UNKNOWN: u8 = 2;
+
 pub struct DiskTier {
     dir: PathBuf,
     ns: [u8; 16],
     layout: Layout,
-    direct: bool,
+    direct: AtomicU8,
+    /// `read_only: true`: nothing is written, removed or touched.
+    read_only: bool,
+    notes: Vec<String>,
     /// Temporary names are `.tmp-<nonce>-<seq>`: a nonce random per open, since engines in other
     /// containers or on other hosts sharing the directory may have this process's pid.
     nonce: u64,
@@ -50,14 +58,17 @@ pub struct DiskTier {
 }
 
 impl DiskTier {
-    /// Opens (creating it) the directory of namespace `ns` under `cfg.path`, and finds out
-    /// whether its filesystem takes `O_DIRECT`.
+    /// Opens the directory of namespace `ns` under `cfg.path` (creating it where it can) and
+    /// finds out whether its filesystem takes `O_DIRECT`, by reading a chunk's file where there
+    /// is one. Neither needs free space nor write permission: a full or read-only filesystem
+    /// opens, serves what it holds, and says so in `notes`.
     pub fn open(cfg: DiskConfig, ns: [u8; 16]) -> Result<DiskTier> {
         cfg.check()?;
         let dir = cfg
             .path
             .join(format!("{}{}", files::DIR_PREFIX, files::hex(&ns)));
-        fs::create_dir_all(&dir).map_err(|e| {
+        let mut notes = Vec::new();
+        let cannot_be_dir = |e: io::Error| {
             DiskError::io(
                 format!(
                     "path={}: cannot create the tier's directory",
@@ -65,33 +76,83 @@ impl DiskTier {
                 ),
                 e,
             )
-        })?;
-        let direct = match cfg.direct {
-            DirectIo::Off => false,
-            DirectIo::Auto => probe_direct(&dir)?,
-            DirectIo::On if probe_direct(&dir)? => true,
-            DirectIo::On => {
-                return Err(DiskError::Config(format!(
-                    "direct_io=on: the filesystem of path={} does not take O_DIRECT; use \
-                     \"auto\" or \"off\"",
-                    cfg.path.display()
-                )))
+        };
+        if cfg.read_only {
+            if cfg.path.exists() && !cfg.path.is_dir() {
+                return Err(cannot_be_dir(io::Error::from_raw_os_error(libc::ENOTDIR)));
             }
+        } else if let Err(e) = fs::create_dir_all(&dir) {
+            if !(is_read_only(&e) || is_full(&e)) {
+                return Err(cannot_be_dir(e));
+            }
+            notes.push(format!(
+                "cannot create {} ({e}): serving what is there, writing once it can",
+                dir.display()
+            ));
+        }
+        let direct = match cfg.direct {
+            DirectIo::Off => DIRECT_NO,
+            DirectIo::Auto | DirectIo::On => match probe_direct(&dir, !cfg.read_only)? {
+                Some(true) => DIRECT_YES,
+                Some(false) if cfg.direct == DirectIo::On => {
+                    return Err(DiskError::Config(format!(
+                        "direct_io=on: the filesystem of path={} does not take O_DIRECT; use \
+                         \"auto\" or \"off\"",
+                        cfg.path.display()
+                    )))
+                }
+                Some(false) => DIRECT_NO,
+                // Nothing to read and nothing may be written: "on" is taken at its word.
+                None if cfg.direct == DirectIo::On => DIRECT_YES,
+                None => {
+                    notes.push(
+                        "whether the filesystem takes O_DIRECT is not known yet (no chunk to \
+                         read, and no room or permission to write one): buffered I/O until a \
+                         chunk's file is read or written"
+                            .into(),
+                    );
+                    DIRECT_UNKNOWN
+                }
+            },
         };
         Ok(DiskTier {
             dir,
             ns,
             layout: Layout::whole(cfg.chunk_bytes),
-            direct,
+            direct: AtomicU8::new(direct),
+            read_only: cfg.read_only,
+            notes,
             nonce: random_u64(),
             tmp_seq: AtomicU64::new(0),
             stats: Counters::default(),
         })
     }
 
-    /// Whether reads and writes bypass the page cache.
+    /// Whether reads and writes bypass the page cache (not yet known: buffered).
     pub fn direct(&self) -> bool {
-        self.direct
+        self.direct.load(Ordering::Relaxed) == DIRECT_YES
+    }
+
+    /// What open found worth saying (a directory it could not create, `O_DIRECT` not known).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// Settles whether the filesystem takes `O_DIRECT` on a chunk's file just written or read,
+    /// where open could not find out.
+    fn settle_direct(&self, path: &Path) {
+        if self.direct.load(Ordering::Relaxed) != DIRECT_UNKNOWN {
+            return;
+        }
+        if let Ok(yes) = read_probe(path) {
+            let v = if yes { DIRECT_YES } else { DIRECT_NO };
+            let _ = self.direct.compare_exchange(
+                DIRECT_UNKNOWN,
+                v,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
     }
 
     /// The namespace's directory.
@@ -105,6 +166,10 @@ impl DiskTier {
 
     pub fn stats(&self) -> Stats {
         self.stats.snapshot()
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.stats
     }
 
     fn path_of(&self, key: &[u8]) -> Result<PathBuf> {
@@ -137,6 +202,8 @@ impl DiskTier {
                 Counters::add(&c.store_failures, 1);
                 if e.is_full() {
                     Counters::add(&c.stores_full, 1);
+                } else if e.is_read_only() {
+                    Counters::add(&c.stores_read_only, 1);
                 }
             }
         }
@@ -158,20 +225,22 @@ impl DiskTier {
         if path.exists() {
             return Stored::Exists;
         }
+        // Read once: a first file may settle it meanwhile, and one write uses one way.
+        let direct = self.direct();
         let parent = path.parent().expect("a chunk's file has a directory");
         let tmp = parent.join(format!(
             "{TMP_PREFIX}{:016x}-{}",
             self.nonce,
             self.tmp_seq.fetch_add(1, Ordering::Relaxed)
         ));
-        let file = match files::create(&tmp, self.direct) {
+        let file = match files::create(&tmp, direct) {
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 // First file of its subdirectory, or the directory was removed under us.
                 if let Err(e) = fs::create_dir_all(parent) {
                     let what = format!("creating {}", parent.display());
                     return Stored::Failed(DiskError::io(what, e));
                 }
-                files::create(&tmp, self.direct)
+                files::create(&tmp, direct)
             }
             other => other,
         };
@@ -182,7 +251,7 @@ impl DiskTier {
                 return Stored::Failed(DiskError::io(format!("creating {}", tmp.display()), e))
             }
         };
-        if let Err(e) = self.write_chunk(&file, key, payload) {
+        if let Err(e) = self.write_chunk(&file, key, payload, direct) {
             let _ = fs::remove_file(&tmp);
             return Stored::Failed(DiskError::io(format!("writing {}", tmp.display()), e));
         }
@@ -193,15 +262,16 @@ impl DiskTier {
             let what = format!("renaming a chunk to {}", path.display());
             return Stored::Failed(DiskError::io(what, e));
         }
+        self.settle_direct(&path);
         Stored::Written
     }
 
-    fn write_chunk(&self, f: &File, key: &[u8], payload: &[u8]) -> io::Result<()> {
+    fn write_chunk(&self, f: &File, key: &[u8], payload: &[u8], direct: bool) -> io::Result<()> {
         let header = Header::for_chunk(&self.layout, &self.ns, key, payload).encode();
         let mut block = AlignedBuf::new(HEADER_BLOCK);
         block.as_mut_slice()[..HEADER_LEN].copy_from_slice(&header);
         let padded = round_up(payload.len());
-        if !self.direct || (is_aligned(payload) && padded == payload.len()) {
+        if !direct || (is_aligned(payload) && padded == payload.len()) {
             files::write_all_at(f, &[block.as_slice(), payload], 0)?;
         } else {
             // O_DIRECT needs aligned memory and whole blocks: through a bounce buffer.
@@ -209,7 +279,7 @@ impl DiskTier {
             bounce.as_mut_slice()[..payload.len()].copy_from_slice(payload);
             files::write_all_at(f, &[block.as_slice(), bounce.as_slice()], 0)?;
         }
-        if !self.direct {
+        if !direct {
             // The padding; with O_DIRECT the bounce buffer wrote it.
             f.set_len(files::file_len(payload.len()))?;
             files::drop_cache(f);
@@ -246,7 +316,8 @@ impl DiskTier {
             Ok(p) => p,
             Err(e) => return Loaded::Failed(e),
         };
-        let f = match files::open(&path, self.direct) {
+        let direct = self.direct();
+        let f = match files::open(&path, direct) {
             Ok(f) => f,
             Err(e) if e.kind() == ErrorKind::NotFound => return Loaded::Missing,
             Err(e) => {
@@ -260,32 +331,40 @@ impl DiskTier {
             }
         };
         if meta.len() != files::file_len(dest.len()) {
-            remove_if_same(&f, &path);
+            self.remove_damaged(&f, &path);
             return Loaded::Corrupt("file has the wrong length");
         }
-        let got = match self.read_chunk(&f, key, dest) {
+        let got = match self.read_chunk(&f, key, dest, direct) {
             Ok(got) => got,
             // A file shorter than its header says: cut short (a crash, a full disk elsewhere).
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => Loaded::Corrupt("file is truncated"),
             Err(e) => Loaded::Failed(DiskError::io(format!("reading {}", path.display()), e)),
         };
         match got {
-            Loaded::Ok => {
+            Loaded::Ok if !self.read_only => {
                 // The file's time is the recency every engine sharing the directory (and the
                 // next one to open it) orders eviction by: a hit here keeps it for them too.
                 let _ = f.set_modified(std::time::SystemTime::now());
+                self.settle_direct(&path);
             }
-            Loaded::Corrupt(_) => remove_if_same(&f, &path),
+            Loaded::Ok => self.settle_direct(&path),
+            Loaded::Corrupt(_) => self.remove_damaged(&f, &path),
             _ => {}
         }
         got
     }
 
-    fn read_chunk(&self, f: &File, key: &[u8], dest: &mut [u8]) -> io::Result<Loaded> {
+    fn read_chunk(
+        &self,
+        f: &File,
+        key: &[u8],
+        dest: &mut [u8],
+        direct: bool,
+    ) -> io::Result<Loaded> {
         // The header block and the payload in one read: the header is checked after it.
         let mut block = AlignedBuf::new(HEADER_BLOCK);
         let padded = round_up(dest.len());
-        let bounce = if !self.direct || (is_aligned(dest) && padded == dest.len()) {
+        let bounce = if !direct || (is_aligned(dest) && padded == dest.len()) {
             files::read_all_at(f, &mut [block.as_mut_slice(), dest], 0)?;
             None
         } else {
@@ -293,7 +372,7 @@ impl DiskTier {
             files::read_all_at(f, &mut [block.as_mut_slice(), bounce.as_mut_slice()], 0)?;
             Some(bounce)
         };
-        if !self.direct {
+        if !direct {
             files::drop_cache(f);
         }
         let raw: &[u8; HEADER_LEN] = block.as_slice()[..HEADER_LEN]
@@ -310,6 +389,22 @@ impl DiskTier {
             return Ok(Loaded::Corrupt("payload checksum mismatch"));
         }
         Ok(Loaded::Ok)
+    }
+
+    /// A file that failed a check goes (it would fail every load), unless nothing may be removed.
+    fn remove_damaged(&self, f: &File, path: &Path) {
+        if !self.read_only {
+            remove_if_same(f, path);
+        }
+    }
+
+    /// Whether chunk `key` has a whole file (its length; a load checks the rest): what a probe
+    /// looks for.
+    pub fn has_file(&self, key: &[u8]) -> bool {
+        self.path_of(key).is_ok_and(|p| {
+            fs::metadata(p)
+                .is_ok_and(|m| m.is_file() && m.len() == files::file_len(self.layout.chunk_bytes))
+        })
     }
 
     /// Removes chunk `key`'s file, if any (eviction).
@@ -363,7 +458,9 @@ impl DiskTier {
                 };
                 let name = entry.file_name();
                 if name.to_string_lossy().starts_with(TMP_PREFIX) {
-                    remove_if_stale(&entry.path());
+                    if !self.read_only {
+                        remove_if_stale(&entry.path());
+                    }
                     continue;
                 }
                 let Some(key) = name.to_str().and_then(files::unhex) else {
@@ -382,14 +479,24 @@ impl DiskTier {
     }
 }
 
-/// Whether `dir`'s filesystem takes `O_DIRECT`: a block written and read back through it. Only
-/// `EINVAL` (the filesystem refuses the flag or the alignment) means no; another error is the
-/// directory's, and stops open.
-fn probe_direct(dir: &Path) -> Result<bool> {
+/// Whether `dir`'s filesystem takes `O_DIRECT`: a block of a chunk's file read through it, or
+/// where there is none and `may_write`, a block written and read back. Only `EINVAL` (the
+/// filesystem refuses the flag or the alignment) means no; None: not known (nothing to read, and
+/// no room or permission to write); another error is the directory's, and stops open.
+fn probe_direct(dir: &Path, may_write: bool) -> Result<Option<bool>> {
+    if let Some(yes) = any_chunk_file(dir).and_then(|p| read_probe(&p).ok()) {
+        return Ok(Some(yes));
+    }
+    if !may_write {
+        return Ok(None);
+    }
     let path = dir.join(format!("{TMP_PREFIX}probe-{:016x}", random_u64()));
     let created = match files::create(&path, true) {
         Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(false),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(Some(false)),
+        Err(e) if is_read_only(&e) || is_full(&e) || e.kind() == ErrorKind::NotFound => {
+            return Ok(None)
+        }
         Err(e) => return Err(DiskError::io(format!("creating {}", path.display()), e)),
     };
     let tried = (|| -> io::Result<()> {
@@ -401,12 +508,51 @@ fn probe_direct(dir: &Path) -> Result<bool> {
     })();
     let _ = fs::remove_file(&path);
     match tried {
-        Ok(()) => Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+        Ok(()) => Ok(Some(true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(Some(false)),
+        Err(e) if is_full(&e) => Ok(None),
         Err(e) => Err(DiskError::io(
             format!("probing O_DIRECT in {}", dir.display()),
             e,
         )),
+    }
+}
+
+/// Some chunk's file under `dir`, if there is one (the first found).
+fn any_chunk_file(dir: &Path) -> Option<PathBuf> {
+    for sub in fs::read_dir(dir).ok()?.flatten() {
+        let is_fan = sub
+            .file_name()
+            .to_str()
+            .and_then(files::unhex)
+            .is_some_and(|b| b.len() == 1);
+        if !is_fan {
+            continue;
+        }
+        let Ok(entries) = fs::read_dir(sub.path()) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_str().and_then(files::unhex).is_some() {
+                return Some(entry.path());
+            }
+        }
+    }
+    None
+}
+
+/// Whether the first block of the file at `path` reads through `O_DIRECT` (false: `EINVAL`).
+fn read_probe(path: &Path) -> io::Result<bool> {
+    let f = match files::open(path, true) {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let mut block = AlignedBuf::new(ALIGN);
+    match f.read_exact_at(block.as_mut_slice(), 0) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

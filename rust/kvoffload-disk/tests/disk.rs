@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::mount::Mount;
 use common::TempDir;
 use kvoffload_disk::{DirectIo, DiskConfig, DiskTier, Loaded, Stored};
 use std::fs;
@@ -241,22 +242,9 @@ fn a_directory_removed_under_a_running_tier_is_recreated_by_the_next_store() {
 #[test]
 fn a_full_filesystem_drops_the_store_and_keeps_serving() {
     let d = TempDir::new("full");
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
-        .arg(&d.0)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        eprintln!("skipped: this test mounts a 64 KiB tmpfs, which needs root (CAP_SYS_ADMIN)");
+    let Some(_mount) = Mount::tmpfs(&d.0, "64k") else {
         return;
-    }
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(self.0).status();
-        }
-    }
-    let _guard = Unmount(&d.0);
+    };
     let chunk = 16 * 1024;
     let t = tier(&d.0, chunk, DirectIo::Auto);
     let mut written = Vec::new();

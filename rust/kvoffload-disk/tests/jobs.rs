@@ -3,81 +3,12 @@
 
 mod common;
 
+use common::jobs::{data, key, load, open, open_with, store, wait, CHUNK, FILE, NS};
 use common::TempDir;
 use kvoffload_disk::{BreakerState, DiskConfig, DiskJobs};
 use kvoffload_format::buf::{RawBuf, RawBufMut};
 use kvoffload_format::status::{DROPPED, EXISTS, FAILED, MISSING, OK};
 use std::time::{Duration, Instant};
-
-const NS: [u8; 16] = *b"disk-jobs-tests!";
-const CHUNK: usize = 64 * 1024;
-/// One chunk's file: the 4 KiB header block and the payload.
-const FILE: u64 = 4096 + CHUNK as u64;
-
-fn key(i: u32) -> Vec<u8> {
-    let mut k = vec![0xab; 32];
-    k.extend_from_slice(&i.to_be_bytes());
-    k
-}
-
-fn data(i: u32) -> Vec<u8> {
-    (0..CHUNK)
-        .map(|j| (j as u32).wrapping_mul(31).wrapping_add(i) as u8)
-        .collect()
-}
-
-fn open(dir: &TempDir, chunks: u64, threads: usize) -> DiskJobs {
-    open_with(dir, chunks, threads, None)
-}
-
-fn open_with(dir: &TempDir, chunks: u64, threads: usize, rescan: Option<Duration>) -> DiskJobs {
-    let mut cfg = DiskConfig::new(&dir.0, CHUNK);
-    cfg.rescan = rescan;
-    let jobs = DiskJobs::open(cfg, NS, chunks * FILE, threads).unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    while !jobs.scanned() {
-        assert!(Instant::now() < until, "the index was never rebuilt");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    jobs
-}
-
-fn wait(jobs: &DiskJobs, id: u64) -> Vec<u8> {
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        for c in jobs.wait(Duration::from_millis(100)) {
-            if c.job_id == id {
-                return c.statuses;
-            }
-        }
-        assert!(Instant::now() < until, "job {id} never completed");
-    }
-}
-
-fn store(jobs: &DiskJobs, ids: &[u32]) -> Vec<u8> {
-    let bufs: Vec<Vec<u8>> = ids.iter().map(|&i| data(i)).collect();
-    // SAFETY: `bufs` outlives the job (waited for below).
-    let items = ids
-        .iter()
-        .zip(&bufs)
-        .map(|(&i, b)| (key(i), unsafe { RawBuf::new(b.as_ptr(), b.len()) }))
-        .collect();
-    let id = jobs.submit_store(items).unwrap();
-    wait(jobs, id)
-}
-
-fn load(jobs: &DiskJobs, ids: &[u32]) -> (Vec<u8>, Vec<Vec<u8>>) {
-    let mut bufs: Vec<Vec<u8>> = ids.iter().map(|_| vec![0u8; CHUNK]).collect();
-    // SAFETY: as above; each buffer is its own allocation.
-    let items = ids
-        .iter()
-        .zip(bufs.iter_mut())
-        .map(|(&i, b)| (key(i), unsafe { RawBufMut::new(b.as_mut_ptr(), b.len()) }))
-        .collect();
-    let id = jobs.submit_load(items).unwrap();
-    let st = wait(jobs, id);
-    (st, bufs)
-}
 
 fn files_on_disk(jobs: &DiskJobs) -> usize {
     jobs.tier().scan().unwrap().0.len()

@@ -1,4 +1,8 @@
-//! What the disk tier's tests share.
+//! What the disk tier's tests share (each test file uses some of it).
+#![allow(dead_code)]
+
+pub mod jobs;
+pub mod mount;
 
 use std::fs;
 use std::path::PathBuf;
