@@ -13,6 +13,7 @@ import pytest
 from kvoffload import ConfigError
 from kvoffload.disk import DiskClient, DiskTierConfig
 from kvoffload.remote import CORRUPT, DROPPED, EXISTS, MISSING, OK
+from mounts import read_only
 
 CHUNK = 16 * 1024
 DIGEST = hashlib.blake2b(b"disk-client-test", digest_size=16).digest()
@@ -108,6 +109,9 @@ def test_capacity_bytes_is_held(tmp_path):
         ({"rescan_interval_s": -1}, "rescan_interval_s=-1"),
         ({"max_store_bytes_in_flight": 0}, "max_store_bytes_in_flight=0"),
         ({"capcity_bytes": 1}, "unknown DiskTier key"),
+        ({"read_only": "yes"}, "read_only='yes'"),
+        ({"probes_per_step": -1}, "probes_per_step=-1"),
+        ({"probe_miss_ttl_s": float("nan")}, "probe_miss_ttl_s=nan"),
     ],
 )
 def test_bad_settings_stop_start_up_naming_the_key(tmp_path, change, match):
@@ -129,3 +133,50 @@ def test_stores_past_max_store_bytes_in_flight_are_dropped(tmp_path):
     assert done(c, c.store(keys(3), src, [0, CHUNK, 2 * CHUNK])) == bytes([DROPPED]) * 3
     assert c.stats()["stores_dropped"] == 3
     assert done(c, c.store(keys(2), src, [0, CHUNK])) == bytes([OK]) * 2
+
+
+def answered(c: DiskClient) -> None:
+    """Ends the step (its probes go out) and waits until they are answered."""
+    c.flush()
+    deadline = time.monotonic() + 10
+    while c.probes_in_flight():
+        assert time.monotonic() < deadline, "a probe was never answered"
+        time.sleep(0.001)
+
+
+def test_a_lookup_past_the_index_asks_again_while_the_files_are_looked_for(tmp_path):
+    writer, reader = client(tmp_path), client(tmp_path)  # the default rescan: 10 s
+    ks = keys(6)
+    src = np.random.default_rng(2).integers(0, 256, 4 * CHUNK, dtype=np.uint8)
+    assert done(writer, writer.store(ks[:4], src, [i * CHUNK for i in range(4)])) == bytes([OK]) * 4
+    assert reader.lookup(ks, "r") == (0, True)
+    answered(reader)
+    assert reader.lookup(ks, "r") == (4, False)
+    dest = np.zeros_like(src)
+    assert done(reader, reader.load(ks[:4], dest, [i * CHUNK for i in range(4)])) == bytes([OK]) * 4
+    assert np.array_equal(dest, src)
+    s = reader.stats()
+    assert (s["probed"], s["probe_hits"]) == (5, 4)
+    # 200 prompts nobody wrote, in one step: 64 are looked for (probes_per_step), the others
+    # answered by the index alone; each costs one file's lookup.
+    waiting = sum(reader.lookup(keys(8, salt=10 + i), f"p{i}")[1] for i in range(200))
+    assert waiting == 64
+    answered(reader)
+    assert reader.stats()["probed"] == 5 + 64
+
+
+def test_a_read_only_directory_is_said_once_and_serves(tmp_path, caplog):
+    src = tmp_path / "src"
+    writer = client(src)
+    data = np.full(CHUNK, 3, dtype=np.uint8)
+    assert done(writer, writer.store(keys(1), data, [0])) == bytes([OK])
+    with read_only(src, tmp_path / "ro") as ro:
+        c = client(ro)
+        for i in range(5):
+            done(c, c.store(keys(1, salt=20 + i), data, [0]))
+        assert c.writes == "read-only"
+        said = [r for r in caplog.records if "refuses writes" in r.getMessage()]
+        assert len(said) == 1 and "Read-only file system" in said[0].getMessage()
+        dest = np.zeros_like(data)
+        assert done(c, c.load(keys(1), dest, [0])) == bytes([OK])
+        assert np.array_equal(dest, data)

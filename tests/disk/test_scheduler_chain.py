@@ -39,6 +39,14 @@ def stored(store: CpuStore, ks: KeyList) -> None:
     store.complete_store(plan.keys)
 
 
+def answered(found: DiskLookups) -> None:
+    """Waits until the probes sent at the step's end (`take_jobs`) are answered."""
+    deadline = time.monotonic() + 10
+    while found.in_flight():
+        assert time.monotonic() < deadline, "a probe was never answered"
+        time.sleep(0.001)
+
+
 def test_a_slow_tier_and_a_fast_one_never_hold_the_whole_cpu_tier(tmp_path):
     store = CpuStore(16)
     stats = SchedulerStats()
@@ -79,11 +87,14 @@ def test_a_lookup_goes_down_the_chain_and_skips_a_tier_that_is_down(tmp_path):
     ks = keys(0, 4)
     first.mark_stored(ks.to_list()[:2])  # chunks 0, 1 on the first disk
     second.mark_stored(ks.to_list())  # all four on the second
-    assert tiers[0].promote("r", ks, 0, 0, 4, rank=0)  # chunks 0, 1 from the first
+    # Chunks 0, 1 from the first; its I/O threads look for the files of 2, 3 meanwhile (another
+    # engine may have written them since its last rescan).
+    assert tiers[0].promote("r", ks, 0, 0, 4, rank=0)
     (job,), _ = tiers[0].take_jobs()
     assert (job.tier, job.keys.to_list()) == (0, ks.to_list()[:2])
+    answered(first)
     tiers[0].promoted(job.job_id, 1, b"\x01\x01")
-    # Past them the first has nothing: the next lookup goes on to the second.
+    # None there: the next lookup goes on to the second.
     assert not tiers[0].promote("r", ks, 0, 2, 4, rank=0)
     assert tiers[1].promote("r", ks, 0, 2, 4, rank=0)
     (job,), _ = tiers[1].take_jobs()

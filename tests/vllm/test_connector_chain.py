@@ -19,6 +19,7 @@ from rig import Rig, make_rig, prompt
 from kvoffload import ConfigError
 from kvoffload.disk import file_bytes
 from kvoffload.vllm.stats import DISKS
+from mounts import tmpfs
 from redis_server import RedisServer
 
 PROMPT = prompt(7, 60)
@@ -352,18 +353,9 @@ def test_a_failing_disk_costs_its_hits_and_redis_behind_it_still_serves(model_di
 @pytest.fixture
 def small_fs(tmp_path):
     """A 64 KiB tmpfs mounted for the test (five chunk files of the test model fit): a real
-    full filesystem. Needs root (CAP_SYS_ADMIN); skipped otherwise."""
-    import subprocess
-
-    where = tmp_path / "small"
-    where.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip("mounting a 64 KiB tmpfs needs root (CAP_SYS_ADMIN)")
-    yield where
-    subprocess.run(["umount", str(where)], check=True)
+    full filesystem."""
+    with tmpfs(tmp_path / "small", "64k") as where:
+        yield where
 
 
 def test_a_full_filesystem_drops_the_disks_stores_and_the_chain_serves_on(

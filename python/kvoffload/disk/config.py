@@ -38,6 +38,9 @@ class DiskTierConfig:
     breaker_failures: int = 3
     breaker_cooldown_s: float = 10.0
     enable_kv_events: bool = False
+    read_only: bool = False
+    probes_per_step: int = 64
+    probe_miss_ttl_s: float = 1.0
 
     @classmethod
     def from_dict(cls, entry: Mapping[str, Any]) -> DiskTierConfig:
@@ -107,6 +110,24 @@ class DiskTierConfig:
         events = entry.get("enable_kv_events", False)
         if type(events) is not bool:
             raise ConfigError(f"DiskTier enable_kv_events={events!r} is invalid: true or false")
+        read_only = entry.get("read_only", False)
+        if type(read_only) is not bool:
+            raise ConfigError(
+                f"DiskTier read_only={read_only!r} is invalid: true (serve the directory, never "
+                "write it) or false"
+            )
+        probes = entry.get("probes_per_step", 64)
+        if type(probes) is not int or not 0 <= probes <= 100_000:
+            raise ConfigError(
+                f"DiskTier probes_per_step={probes!r} is invalid: expected an int in [0, 100000] "
+                "(lookups per step that may look for other engines' new files; 0: none)"
+            )
+        miss_ttl = entry.get("probe_miss_ttl_s", 1.0)
+        if type(miss_ttl) not in (int, float) or not 0 <= miss_ttl <= 3600:
+            raise ConfigError(
+                f"DiskTier probe_miss_ttl_s={miss_ttl!r} is invalid: expected seconds in "
+                "[0, 3600] (how long a file a probe did not find is a miss without looking again)"
+            )
         return cls(
             path,
             capacity,
@@ -118,4 +139,7 @@ class DiskTierConfig:
             failures,
             float(cooldown),
             events,
+            read_only,
+            probes,
+            float(miss_ttl),
         )

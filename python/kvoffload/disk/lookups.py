@@ -1,10 +1,13 @@
 """`DiskLookups`: the scheduler's lookups against a disk tier (`SharedTier`'s `Lookups`).
 
-They answer at once, from the index of a handle of its own on the directory: the workers' handles
-do the I/O and remove the files past `capacity_bytes`; this one does no I/O but its scans, and
-forgets (without removing a file) what falls out of the same capacity. It learns of the chunks
-its engine's workers wrote as their writes end (`mark_stored`), of other engines' chunks and of
-every eviction at each rescan, and of a chunk a load missed at once (`mark_miss`).
+They answer from the index of a handle of its own on the directory: the workers' handles do the
+I/O and remove the files past `capacity_bytes`; this one reads no chunk, and forgets (without
+removing a file) what falls out of the same capacity. It learns of the chunks its engine's
+workers wrote as their writes end (`mark_stored`), of a chunk a load missed at once
+(`mark_miss`), and of other engines' chunks and evictions at each rescan. Where the index lacks a
+key, a probe looks for the files on its I/O threads and the lookup says "ask again" for that step
+(at most `probes_per_step` a step), so what another engine wrote a moment ago is a hit at the next
+step, not at the next rescan.
 """
 
 from __future__ import annotations
@@ -29,22 +32,28 @@ class DiskLookups:
     ) -> DiskLookups:
         """A lookup handle on `config`'s directory under one shard's digest (a chunk's shards
         are written together, so one stands for all), of that shard's `capacity_bytes`."""
+        # Its I/O threads only look for files (probes): a few serve a shared filesystem's
+        # latency; it never reads a chunk, so O_DIRECT is not probed for.
         client = DiskClient(
             config,
             namespace_digest,
             chunk_bytes,
             capacity_bytes=capacity_bytes,
-            io_threads=1,
+            io_threads=min(config.io_threads, 4),
             evict_files=False,
+            direct_io="off",
+            log=False,
         )
         return cls(client)
 
     def lookup_prefix(self, keys: KeyRange, request: str) -> tuple[int, bool]:
-        """How many leading keys the directory holds; never "ask again"."""
-        return self._client.lookup_prefix(keys), False
+        """How many leading keys the directory holds, and whether a probe is still looking for
+        the files the index lacks (ask again next step)."""
+        return self._client.lookup(keys, request)
 
     def flush(self) -> None:
-        """Nothing is sent: every answer was given at once."""
+        """Sends this step's probes."""
+        self._client.flush()
 
     def mark_miss(self, keys: Iterable[bytes]) -> None:
         self._client.note_missing(list(keys))
@@ -56,7 +65,8 @@ class DiskLookups:
         """Nothing is kept per request."""
 
     def in_flight(self) -> int:
-        return 0
+        """Probes sent and not yet answered."""
+        return self._client.probes_in_flight()
 
     @property
     def scanned(self) -> bool:

@@ -109,6 +109,7 @@ class OffloadScheduler:
                 writers=writers,
                 medium=link.medium,
                 locality=link.locality,
+                writable=link.writable,
                 tier=i,
                 job_ids=job_ids,
                 share=len(secondary_tiers),

@@ -50,6 +50,8 @@ class TierLink:
     lookups: Lookups
     locality: str = "REMOTE"
     medium: str = "STORAGE"
+    writable: bool = True
+    """False: a tier only read from (a directory shipped read-only): nothing is written to it."""
 
 
 @dataclass
@@ -88,6 +90,7 @@ class SharedTier:
         writers: int | None = None,
         medium: str = "STORAGE",
         locality: str = "REMOTE",
+        writable: bool = True,
         max_cascade_slots: int | None = None,
         tier: int = 0,
         job_ids: Iterator[int] | None = None,
@@ -105,6 +108,7 @@ class SharedTier:
         self.writers = world_size if writers is None else writers
         self.medium = medium
         self.locality = locality
+        self.writable = writable
         self._max_cascade_slots = max_cascade_slots
         self._stats = stats
         self._promotions: dict[int, _Job] = {}
@@ -184,7 +188,9 @@ class SharedTier:
 
     def stored(self, keys: KeyList) -> None:
         """A CPU-tier store of `keys` completed: they are written on, in order, as the budget
-        allows (held at once, so no eviction can come between)."""
+        allows (held at once, so no eviction can come between); never to a tier only read."""
+        if not self.writable:
+            return
         fits = self._cascading_slots + len(keys) <= self.max_cascade_slots
         # The common case, in two calls: nothing waits, the whole store fits the budget, and
         # every key is still there (a cache reset during its store leaves it absent).

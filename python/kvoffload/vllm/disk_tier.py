@@ -4,8 +4,9 @@
 vLLM loads it by module path from a `secondary_tiers` entry (`"type": "DiskTier",
 "module_path": "kvoffload.vllm"`), beside or before a `RedisTier`: vLLM's tiering chains them
 (CPU -> disk -> Redis). Chunks move between vLLM's CPU region and one checked file each on the
-Rust data path's I/O threads, without the GIL; lookups answer from the data path's index, without
-I/O, so the scheduler thread never waits on the disk.
+Rust data path's I/O threads, without the GIL; lookups answer from the data path's index, and
+where it lacks a key (another engine's chunk written since the last rescan) say RETRY while the I/O
+threads look for the files, so the scheduler thread never waits on the disk.
 """
 
 from __future__ import annotations
@@ -71,17 +72,23 @@ class DiskTier(ChunkTier):
         self._client = DiskClient(config, digest, chunk_bytes)
         self._report = DiskReport(self._client)
         logger.info(
-            "DiskTier %s: %d bytes, %s I/O, %d I/O threads",
+            "DiskTier %s: %d bytes, %s I/O, %d I/O threads%s",
             config.path,
             config.capacity_bytes,
             "direct" if self._client.direct else "buffered",
             config.io_threads,
+            ", read-only (serves what the directory holds, writes nothing)"
+            if config.read_only
+            else "",
         )
 
     # --- lookups ---------------------------------------------------------------------------
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return LookupResult.HIT if self._client.lookup_prefix([key]) else LookupResult.MISS
+        found, waiting = self._client.lookup([key], req_context.req_id)
+        if found:
+            return LookupResult.HIT
+        return LookupResult.RETRY if waiting else LookupResult.MISS
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Nothing to do: a load that hits sets the file's time (the recency every engine sharing
@@ -98,7 +105,7 @@ class DiskTier(ChunkTier):
         self._client.note_missing(keys)
 
     def has_pending_work(self) -> bool:
-        return bool(self._jobs)
+        return bool(self._jobs) or self._client.probes_in_flight() > 0
 
     # --- per request and per step ----------------------------------------------------------
 
@@ -109,7 +116,7 @@ class DiskTier(ChunkTier):
         pass
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
-        pass
+        self._client.flush()
 
     # --- metrics and lifetime --------------------------------------------------------------
 

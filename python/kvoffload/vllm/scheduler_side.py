@@ -55,7 +55,10 @@ class SchedulerSide:
         self._down: dict[tuple[int, int], bool] = {}
         """`(rank, tier) -> down`: each worker's disk breakers, as last reported."""
         try:
-            links = [TierLink(self._lookups(tier), tier.locality) for tier in settings.tiers]
+            links = [
+                TierLink(self._lookups(tier), tier.locality, writable=not tier.read_only)
+                for tier in settings.tiers
+            ]
         except BaseException:
             self.shutdown()  # closes the tiers opened before the one that failed
             raise

@@ -51,6 +51,11 @@ class TierSettings:
             return self.config.masked_url
         return self.config.path
 
+    @property
+    def read_only(self) -> bool:
+        """A disk shipped read-only (`read_only: true`): only read from."""
+        return isinstance(self.config, DiskTierConfig) and self.config.read_only
+
     def shard_digest(self, shard: int) -> bytes:
         """The namespace digest of one shard of every chunk."""
         return dataclasses.replace(self.identity, rank=shard).digest()

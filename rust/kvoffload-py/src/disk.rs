@@ -51,7 +51,8 @@ impl DiskTier {
     #[pyo3(signature = (
         path, namespace, chunk_bytes, capacity_bytes, *, direct_io = "auto", io_threads = 8,
         rescan_interval_s = 10.0, max_store_bytes_in_flight = 1_073_741_824,
-        breaker_failures = 3, breaker_cooldown_s = 10.0, evict_files = true,
+        breaker_failures = 3, breaker_cooldown_s = 10.0, evict_files = true, read_only = false,
+        probes_per_step = 64, probe_miss_ttl_s = 1.0,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -67,6 +68,9 @@ impl DiskTier {
         breaker_failures: u32,
         breaker_cooldown_s: f64,
         evict_files: bool,
+        read_only: bool,
+        probes_per_step: usize,
+        probe_miss_ttl_s: f64,
     ) -> PyResult<Self> {
         if !breaker_cooldown_s.is_finite() || !(0.01..=3600.0).contains(&breaker_cooldown_s) {
             return Err(PyValueError::new_err(format!(
@@ -78,6 +82,16 @@ impl DiskTier {
             return Err(PyValueError::new_err(format!(
                 "rescan_interval_s={rescan_interval_s} is out of range; allowed: 0 (only at \
                  start-up) to 86400 seconds"
+            )));
+        }
+        if !probe_miss_ttl_s.is_finite() || !(0.0..=3600.0).contains(&probe_miss_ttl_s) {
+            return Err(PyValueError::new_err(format!(
+                "probe_miss_ttl_s={probe_miss_ttl_s} is out of range; allowed: 0 to 3600 seconds"
+            )));
+        }
+        if probes_per_step > 100_000 {
+            return Err(PyValueError::new_err(format!(
+                "probes_per_step={probes_per_step} is out of range; allowed: 0 (none) to 100000"
             )));
         }
         let ns: [u8; 16] = namespace.try_into().map_err(|_| {
@@ -103,6 +117,9 @@ impl DiskTier {
         cfg.breaker_failures = breaker_failures;
         cfg.breaker_cooldown = Duration::from_secs_f64(breaker_cooldown_s);
         cfg.evict_files = evict_files;
+        cfg.read_only = read_only;
+        cfg.probes_per_step = probes_per_step;
+        cfg.probe_miss_ttl = Duration::from_secs_f64(probe_miss_ttl_s);
         let jobs = py
             .detach(|| DiskJobs::open(cfg, ns, capacity_bytes, io_threads))
             .map_err(to_py)?;
@@ -144,6 +161,39 @@ impl DiskTier {
     /// How many of `keys`, from the first, the tier holds (its index: no I/O).
     fn lookup_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
         KeyArg::extract(keys)?.run(py, |k| Ok(self.jobs.lookup_prefix(k)))
+    }
+
+    /// `lookup_prefix`, and whether to ask again next step: where the index lacks a key, this
+    /// step's probes look for the files on the I/O threads (sent at `flush`). No I/O here.
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        request: &str,
+    ) -> PyResult<(usize, bool)> {
+        KeyArg::extract(keys)?.run(py, |k| Ok(self.jobs.lookup(k, request)))
+    }
+
+    /// Hands this step's probes to the I/O threads (once a step, after its lookups).
+    fn flush(&self) {
+        self.jobs.flush();
+    }
+
+    /// Probes sent or still to send.
+    fn probes_in_flight(&self) -> usize {
+        self.jobs.probes_in_flight()
+    }
+
+    /// Whether stores are written: "ok", "full" or "read-only" (dropped, reads go on).
+    #[getter]
+    fn writes(&self) -> &'static str {
+        self.jobs.writes().name()
+    }
+
+    /// What open found worth saying once (a directory it could not create, O_DIRECT unknown).
+    #[getter]
+    fn notes(&self) -> Vec<String> {
+        self.jobs.tier().notes().to_vec()
     }
 
     /// Takes `keys` into the index as just used, without I/O (written through another handle).
@@ -240,6 +290,9 @@ impl DiskTier {
             ("store_exists", s.store_exists),
             ("store_failures", s.store_failures),
             ("stores_full", s.stores_full),
+            ("stores_read_only", s.stores_read_only),
+            ("probed", s.probed),
+            ("probe_hits", s.probe_hits),
             ("loaded_chunks", s.loaded_chunks),
             ("load_missing", s.load_missing),
             ("load_failures", s.load_failures),
