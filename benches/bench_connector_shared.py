@@ -40,6 +40,7 @@ pytest.importorskip("vllm.config", reason="vLLM is not installed (`make test` in
 from rig import NoCopyWorker, make_rig, write_model_dir
 
 from bench_connector import HOOKS, HookClock, hook_rows, shared_prefix_requests
+from kvoffload.vllm import DiskTier
 from redis_server import redis_server
 
 TPB = 16
@@ -93,10 +94,15 @@ def idle(rig: Any) -> Any:
     """A check that the engine's tier has no I/O in flight (lookups, loads and writes)."""
     conn = rig.connector
     if not hasattr(conn, "connector_scheduler"):
-        clients = [rig.worker._worker().tiers[0].client, *conn._sched()._lookup_clients]
-        # (No lookup client for the disk: its lookups are answered at once.)
+        sched = conn._sched()
+        # The disk's lookups: its probes for files the index lacks.
+        clients = [rig.worker._worker().tiers[0].client, *sched._lookup_clients]
+        clients += sched._disk_lookups
         return lambda: not any(c.in_flight() for c in clients)
     (tier,) = conn.connector_scheduler.manager.secondary_tiers
+    if isinstance(tier, DiskTier):  # ours: its jobs and its probes
+        disk = tier._client
+        return lambda: not disk.in_flight() and not disk.probes_in_flight()
     if hasattr(tier, "_client"):  # our RedisTier
         clients = [tier._client, tier._lookup_client]
         return lambda: not any(c.in_flight() for c in clients)

@@ -108,6 +108,12 @@ class DiskClient:
         here)."""
         return self._tier.lookup(keys, request)
 
+    def lookup_key(self, key: bytes, request: str) -> tuple[bool, bool]:
+        """`lookup` for a caller that asks a prompt key by key (vLLM's tiering): whether the
+        index holds `key`, and whether to ask again. A key past one that waits, of a prompt with
+        no hit before it, is a miss for the step (only its first file is looked for)."""
+        return self._tier.lookup_key(key, request)
+
     def flush(self) -> None:
         """Sends this step's probes (once a step, after its lookups)."""
         self._tier.flush()

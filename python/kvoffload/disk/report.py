@@ -7,8 +7,12 @@ from kvoffload.disk.client import DiskClient
 
 DISK_COUNTERS: dict[str, str] = {
     "corrupt": "Files that failed the length, header or CRC32C check (each removed, never served).",
-    "stores_full": "Chunks not written because the filesystem was full.",
-    "store_failures": "Chunks not written for any reason (a full filesystem among them).",
+    "stores_full": "Chunks not written because the filesystem was full (the one that found it "
+    "full, and those dropped without I/O until it had room).",
+    "stores_read_only": "Chunks not written because the directory refuses writes (read-only, no "
+    "permission, or read_only: true).",
+    "store_failures": "Chunks whose write was tried and failed (a full or read-only filesystem "
+    "among them).",
     "stores_dropped": "Chunks not written because max_store_bytes_in_flight was reached.",
     "load_missing": "Chunks a load found absent (evicted, or removed by another engine).",
     "evicted": "Chunks evicted to hold capacity_bytes.",

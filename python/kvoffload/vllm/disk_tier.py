@@ -85,7 +85,7 @@ class DiskTier(ChunkTier):
     # --- lookups ---------------------------------------------------------------------------
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        found, waiting = self._client.lookup([key], req_context.req_id)
+        found, waiting = self._client.lookup_key(key, req_context.req_id)
         if found:
             return LookupResult.HIT
         return LookupResult.RETRY if waiting else LookupResult.MISS

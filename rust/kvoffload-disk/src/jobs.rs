@@ -78,6 +78,8 @@ struct Shared {
     /// How long a chunk whose load failed stays a miss (a rescan's interval: vLLM's livelock
     /// guard, a failed read retried at most once a rescan).
     failed_hold: Duration,
+    /// 0: the index answers alone (no lock of the probes taken).
+    probes_per_step: usize,
 }
 
 impl Shared {
@@ -129,7 +131,8 @@ impl DiskJobs {
         // A directory that may not be written keeps its files: past the capacity it forgets.
         let evict_files = cfg.evict_files && !cfg.read_only;
         let read_only = cfg.read_only;
-        let probes = Probes::new(cfg.probes_per_step, cfg.probe_miss_ttl);
+        let probes_per_step = cfg.probes_per_step;
+        let probes = Probes::new(probes_per_step, cfg.probe_miss_ttl);
         let failed_hold = rescan
             .unwrap_or(Duration::from_secs(10))
             .max(cfg.probe_miss_ttl);
@@ -164,6 +167,7 @@ impl DiskJobs {
             gate,
             probes: Mutex::new(probes),
             failed_hold,
+            probes_per_step,
         });
         let jobs = DiskJobs {
             sh: sh.clone(),
@@ -247,14 +251,35 @@ impl DiskJobs {
     /// join its probe). No I/O here.
     pub fn lookup(&self, keys: &[&[u8]], request: &str) -> (usize, bool) {
         let found = self.lookup_prefix(keys);
-        if found == keys.len() || self.sh.breaker.state() == BreakerState::Down {
+        if found == keys.len()
+            || self.sh.probes_per_step == 0
+            || self.sh.breaker.state() == BreakerState::Down
+        {
             return (found, false);
         }
         let verdict = self
             .sh
             .probes()
-            .ask(&keys[found..], request, Instant::now());
+            .ask(&keys[found..], request, false, Instant::now());
         (found, verdict == Verdict::Wait)
+    }
+
+    /// `lookup` of one key, for a caller that asks a prompt key by key (vLLM's tiering): a key
+    /// that waits on a probe ends the step's lookups of a prompt with no hit before it (they
+    /// are misses: the one file is looked for), and a prompt with hits has its later keys join
+    /// its probe.
+    pub fn lookup_key(&self, key: &[u8], request: &str) -> (bool, bool) {
+        let found = self.lookup_prefix(&[key]) == 1;
+        if self.sh.probes_per_step == 0 || self.sh.breaker.state() == BreakerState::Down {
+            return (found, false);
+        }
+        let mut probes = self.sh.probes();
+        if found {
+            probes.hit(request);
+            return (true, false);
+        }
+        let verdict = probes.ask(&[key], request, true, Instant::now());
+        (false, verdict == Verdict::Wait)
     }
 
     /// Hands this step's probes to the I/O threads (once a step, after its lookups).

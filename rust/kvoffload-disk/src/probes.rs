@@ -36,15 +36,29 @@ impl ProbeKeys {
     }
 }
 
+/// What a request did this step, for its later keys (vLLM's tiering asks a prompt key by key,
+/// and goes on past a key that waits, to start the lookups of the rest).
+#[derive(Clone, Copy)]
+enum Asked {
+    /// A key of it was in the index: a probe it opens takes its later keys (a shared prompt).
+    Hit,
+    /// Its probe (this step's `pending[i]`) takes its later keys.
+    Collecting(usize),
+    /// Its first key missed the index: that one file is looked for, and its later keys are
+    /// misses this step (a prompt nobody shares costs one file, and vLLM's loop ends there).
+    /// Found, the next step's probe takes the rest.
+    Opened,
+    /// It waits on another request's probe.
+    Waiting,
+}
+
 #[derive(Default)]
 pub(crate) struct Probes {
     pub per_step: usize,
     pub miss_ttl: Duration,
     /// This step's probes, sent at `flush`.
     pending: Vec<ProbeKeys>,
-    /// The requests that asked this step: the probe their later keys join (vLLM's tiering asks
-    /// a prompt key by key), or None where they wait on another request's probe.
-    asked: HashMap<String, Option<usize>>,
+    asked: HashMap<String, Asked>,
     /// The first key of every probe pending or in flight: a lookup that stops there waits.
     probing: HashSet<Vec<u8>>,
     /// Keys that are misses without looking, each until when.
@@ -71,23 +85,34 @@ impl Probes {
         }
     }
 
-    /// `rest` (non-empty) are the keys of `request`'s lookup from the first the index lacks.
-    pub fn ask(&mut self, rest: &[&[u8]], request: &str, now: Instant) -> Verdict {
+    /// A key of `request` was in the index (asked key by key).
+    pub fn hit(&mut self, request: &str) {
+        if self.per_step > 0 && !self.asked.contains_key(request) {
+            self.asked.insert(request.to_owned(), Asked::Hit);
+        }
+    }
+
+    /// `rest` (non-empty) are the keys of `request`'s lookup from the first the index lacks:
+    /// the rest of its prompt, or (`by_key`) the one key asked.
+    pub fn ask(&mut self, rest: &[&[u8]], request: &str, by_key: bool, now: Instant) -> Verdict {
         if self.per_step == 0 {
             return Verdict::Miss;
         }
-        if let Some(joined) = self.asked.get(request) {
-            // Keys after one already waiting: they join its probe (or wait on another's).
-            if let Some(i) = *joined {
+        let before = self.asked.get(request).copied();
+        match before {
+            Some(Asked::Collecting(i)) => {
                 for key in rest {
                     self.pending[i].push(key);
                 }
+                return Verdict::Wait;
             }
-            return Verdict::Wait;
+            Some(Asked::Opened | Asked::Waiting) if by_key => return Verdict::Miss,
+            Some(Asked::Opened | Asked::Waiting) => return Verdict::Wait,
+            Some(Asked::Hit) | None => {}
         }
         let first = rest[0];
         if self.probing.contains(first) {
-            self.asked.insert(request.to_owned(), None);
+            self.asked.insert(request.to_owned(), Asked::Waiting);
             return Verdict::Wait;
         }
         if self.missing.get(first).is_some_and(|&until| now < until) {
@@ -103,8 +128,13 @@ impl Probes {
             keys.push(key);
         }
         self.probing.insert(first.to_vec());
-        self.asked
-            .insert(request.to_owned(), Some(self.pending.len()));
+        let collect = !by_key || matches!(before, Some(Asked::Hit));
+        let asked = if collect {
+            Asked::Collecting(self.pending.len())
+        } else {
+            Asked::Opened
+        };
+        self.asked.insert(request.to_owned(), asked);
         self.pending.push(keys);
         Verdict::Wait
     }
@@ -151,29 +181,48 @@ mod tests {
     fn a_probe_is_opened_once_joined_by_later_keys_and_bounded_per_step() {
         let mut p = Probes::new(2, TTL);
         let t = Instant::now();
-        assert_eq!(p.ask(&[b"a", b"b"], "r1", t), Verdict::Wait);
-        // vLLM's tiering asks key by key: the next key joins the request's probe.
-        assert_eq!(p.ask(&[b"c"], "r1", t), Verdict::Wait);
-        // Another request stopping at the same key waits on that probe, and so do its later keys.
-        assert_eq!(p.ask(&[b"a"], "r2", t), Verdict::Wait);
-        assert_eq!(p.ask(&[b"z"], "r2", t), Verdict::Wait);
-        assert_eq!(p.ask(&[b"x"], "r3", t), Verdict::Wait);
+        assert_eq!(p.ask(&[b"a", b"b"], "r1", false, t), Verdict::Wait);
+        // Asked again in the step (the rest of its prompt): it joins the probe.
+        assert_eq!(p.ask(&[b"c"], "r1", false, t), Verdict::Wait);
+        // Another request stopping at the same key waits on that probe.
+        assert_eq!(p.ask(&[b"a"], "r2", false, t), Verdict::Wait);
+        assert_eq!(p.ask(&[b"x"], "r3", false, t), Verdict::Wait);
         // Two probes this step: the third request is answered by the index alone.
-        assert_eq!(p.ask(&[b"y"], "r4", t), Verdict::Miss);
+        assert_eq!(p.ask(&[b"y"], "r4", false, t), Verdict::Miss);
         let sent = p.flush(t);
         assert_eq!(sent.len(), 2);
         let keys: Vec<&[u8]> = sent[0].iter().collect();
         assert_eq!(keys, vec![&b"a"[..], b"b", b"c"]);
         assert_eq!(p.in_flight(), 2);
         // In flight: its first key waits, also in the next step.
-        assert_eq!(p.ask(&[b"a"], "r5", t), Verdict::Wait);
+        assert_eq!(p.ask(&[b"a"], "r5", false, t), Verdict::Wait);
         p.done(&sent[0], Some(b"b"), t);
         p.done(&sent[1], None, t);
         assert_eq!(p.in_flight(), 0);
         p.flush(t);
         // "b" was absent: a miss without looking again, until the TTL has passed.
-        assert_eq!(p.ask(&[b"b", b"c"], "r6", t), Verdict::Miss);
-        assert_eq!(p.ask(&[b"b"], "r7", t + TTL), Verdict::Wait);
+        assert_eq!(p.ask(&[b"b", b"c"], "r6", false, t), Verdict::Miss);
+        assert_eq!(p.ask(&[b"b"], "r7", false, t + TTL), Verdict::Wait);
+    }
+
+    #[test]
+    fn key_by_key_a_prompt_with_no_hit_probes_one_file_and_one_with_hits_the_rest() {
+        let mut p = Probes::new(8, TTL);
+        let t = Instant::now();
+        // No key of r1 in the index: its first file is looked for, its later keys are misses
+        // this step (vLLM's loop ends there, one file is the cost).
+        assert_eq!(p.ask(&[b"a"], "r1", true, t), Verdict::Wait);
+        assert_eq!(p.ask(&[b"b"], "r1", true, t), Verdict::Miss);
+        // r2 had a hit: its probe takes every later key.
+        p.hit("r2");
+        assert_eq!(p.ask(&[b"m"], "r2", true, t), Verdict::Wait);
+        assert_eq!(p.ask(&[b"n"], "r2", true, t), Verdict::Wait);
+        // r3 waits on r1's probe: its later keys are misses this step.
+        assert_eq!(p.ask(&[b"a"], "r3", true, t), Verdict::Wait);
+        assert_eq!(p.ask(&[b"z"], "r3", true, t), Verdict::Miss);
+        let sent = p.flush(t);
+        let lens: Vec<usize> = sent.iter().map(ProbeKeys::len).collect();
+        assert_eq!(lens, vec![1, 2]);
     }
 
     #[test]
@@ -183,14 +232,14 @@ mod tests {
         p.miss(b"k", t + 10 * TTL);
         // A probe's shorter miss never shortens it.
         p.miss(b"k", t + TTL);
-        assert_eq!(p.ask(&[b"k"], "r", t + 5 * TTL), Verdict::Miss);
-        assert_eq!(p.ask(&[b"k"], "r", t + 10 * TTL), Verdict::Wait);
+        assert_eq!(p.ask(&[b"k"], "r", false, t + 5 * TTL), Verdict::Miss);
+        assert_eq!(p.ask(&[b"k"], "r", false, t + 10 * TTL), Verdict::Wait);
         // Past ones are cleared once there are many.
         p.prune_at = 1;
         p.flush(t + 10 * TTL);
         assert!(p.missing.is_empty());
         let mut off = Probes::new(0, TTL);
-        assert_eq!(off.ask(&[b"k"], "r", t), Verdict::Miss);
+        assert_eq!(off.ask(&[b"k"], "r", false, t), Verdict::Miss);
         assert!(off.flush(t).is_empty());
     }
 }

@@ -174,6 +174,12 @@ impl DiskTier {
         KeyArg::extract(keys)?.run(py, |k| Ok(self.jobs.lookup(k, request)))
     }
 
+    /// `lookup` of one key (a caller that asks key by key, as vLLM's tiering): whether the
+    /// index holds it, and whether to ask again next step.
+    fn lookup_key(&self, py: Python<'_>, key: &[u8], request: &str) -> (bool, bool) {
+        py.detach(|| self.jobs.lookup_key(key, request))
+    }
+
     /// Hands this step's probes to the I/O threads (once a step, after its lookups).
     fn flush(&self) {
         self.jobs.flush();
