@@ -8,7 +8,7 @@ call the scheduler makes into the connector.
 Trace: 48 requests of 1K-4K random tokens (no two share a chunk), 4 output tokens, 8 at a time;
 16-token blocks and chunks; a new directory per run. Every tier job and probe takes one step (the
 rig waits, untimed, for the I/O before each schedule). Each setting runs 5 times, alternating, and
-keeps its least hook time (garbage collections in a hook left out); `make bench` prints the
+keeps the least of each figure (garbage collections in a hook left out); `make bench` prints the
 table, `make test` (`--benchmark-disable`) runs a 6-request trace once. The hooks the probes
 change (the lookups, and the step's end that sends them) are shown on their own: the others'
 time moves by more than 5% from run to run on this machine.
@@ -130,8 +130,13 @@ def test_unshared_prompts(benchmark, request, model_dir, tmp_path_factory, seam)
         for _ in range(rounds):
             for probes in (0, 64):
                 r = run(seam, probes, trace, model_dir, str(tmp_path_factory.mktemp("probes")))
-                if probes not in best or r["hook_s"] < best[probes]["hook_s"]:
+                if probes not in best:
                     best[probes] = r
+                    continue
+                # Each figure's least over the rounds (the noise of one hook is not another's).
+                b = best[probes]
+                b["hook_s"] = min(b["hook_s"], r["hook_s"])
+                b["lookup_s"] = min(b["lookup_s"], r["lookup_s"])
         return best
 
     best = benchmark.pedantic(both, rounds=1, iterations=1)

@@ -1,5 +1,6 @@
 //! What can go wrong on the disk tier.
 
+use crate::gate::Shut;
 use std::fmt;
 use std::io;
 
@@ -26,6 +27,19 @@ impl DiskError {
     /// The directory refuses writes (`EROFS`, `EACCES`, `EPERM`): the tier serves reads.
     pub fn is_read_only(&self) -> bool {
         matches!(self, DiskError::Io(_, e) if is_read_only(e))
+    }
+
+    /// Whether a store that failed so shuts writes (a full or read-only filesystem), and why.
+    pub(crate) fn shut(&self) -> Option<Shut> {
+        let DiskError::Io(_, e) = self else {
+            return None;
+        };
+        match e.raw_os_error() {
+            Some(libc::EDQUOT) => Some(Shut::Full { quota: true }),
+            Some(libc::ENOSPC) => Some(Shut::Full { quota: false }),
+            _ if is_read_only(e) => Some(Shut::ReadOnly),
+            _ => None,
+        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! Whether stores are written now: a full filesystem or a read-only directory drops them at once,
 //! with no I/O, instead of failing each one against the disk; reads go on. Writing resumes by
-//! itself: on a full filesystem as soon as it has room for a file again (looked up with statvfs,
-//! no write; and one store tried every `FULL_RETRY`, for quotas statvfs cannot see), on a
-//! read-only one when the directory is writable again (access(2), checked every
+//! itself: on a full filesystem as soon as it has room for a file again (blocks and an inode,
+//! looked up with statvfs, no write; and one store tried every `FULL_RETRY`, for blocks reserved
+//! to root), over a quota (which statvfs does not see) by one store tried every `FULL_RETRY`, on
+//! a read-only one when the directory is writable again (access(2), checked every
 //! `READ_ONLY_RECHECK`: never a write tried in a loop).
 
 use std::ffi::CString;
@@ -34,15 +35,19 @@ impl Writes {
     }
 }
 
-/// Why a store was not let through.
+/// Why a store was not let through, or shut writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Shut {
-    Full,
+    /// `ENOSPC` (the filesystem) or `EDQUOT` (this user's quota: statvfs cannot tell).
+    Full {
+        quota: bool,
+    },
     ReadOnly,
 }
 
 struct State {
     writes: Writes,
+    quota: bool,
     /// When a store may next be tried (full) or the directory checked again (read-only).
     next: Instant,
 }
@@ -65,6 +70,7 @@ impl Gate {
                 } else {
                     Writes::Open
                 },
+                quota: false,
                 next: Instant::now(),
             }),
             configured_read_only: read_only,
@@ -102,11 +108,12 @@ impl Gate {
                 // A store goes once there is room for its file, or as a trial every FULL_RETRY
                 // (a quota, or blocks reserved for root, are not in statvfs's free count). It
                 // reopens the gate only when it is written.
-                if now >= s.next || free_bytes(&self.dir).is_some_and(|f| f >= self.file_bytes) {
+                let room = !s.quota && has_room(&self.dir, self.file_bytes);
+                if now >= s.next || room {
                     s.next = now + FULL_RETRY;
                     return Ok(());
                 }
-                Err(Shut::Full)
+                Err(Shut::Full { quota: s.quota })
             }
         }
     }
@@ -122,15 +129,10 @@ impl Gate {
     /// A store failed because the filesystem is full (`Full`) or refuses writes (`ReadOnly`).
     pub fn shut(&self, why: Shut, now: Instant) {
         let mut s = self.lock();
-        s.writes = match why {
-            Shut::Full => Writes::Full,
-            Shut::ReadOnly => Writes::ReadOnly,
+        (s.writes, s.quota, s.next) = match why {
+            Shut::Full { quota } => (Writes::Full, quota, now + FULL_RETRY),
+            Shut::ReadOnly => (Writes::ReadOnly, false, now + READ_ONLY_RECHECK),
         };
-        s.next = now
-            + match why {
-                Shut::Full => FULL_RETRY,
-                Shut::ReadOnly => READ_ONLY_RECHECK,
-            };
     }
 }
 
@@ -153,15 +155,19 @@ fn writable(dir: &Path) -> bool {
     unsafe { libc::access(path.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
-/// Bytes an unprivileged writer may still use on `dir`'s filesystem.
-fn free_bytes(dir: &Path) -> Option<u64> {
-    let path = existing(dir).and_then(c_path)?;
+/// Whether `dir`'s filesystem has room for a file of `bytes` for an unprivileged writer: the
+/// blocks, and an inode (where it counts them: some report none at all).
+fn has_room(dir: &Path, bytes: u64) -> bool {
+    let Some(path) = existing(dir).and_then(c_path) else {
+        return false;
+    };
     // SAFETY: a zeroed statvfs is a valid out-parameter; the path is NUL-terminated.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
-        return None;
+        return false;
     }
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
+    let blocks = st.f_bavail as u64 * st.f_frsize as u64 >= bytes;
+    blocks && (st.f_files == 0 || st.f_favail > 0)
 }
 
 #[cfg(test)]
@@ -174,18 +180,24 @@ mod tests {
         // Room for a byte: statvfs lets the next store through at once.
         let g = Gate::new(dir.clone(), 1, false);
         let t = Instant::now();
-        g.shut(Shut::Full, t);
+        g.shut(Shut::Full { quota: false }, t);
         assert_eq!(g.writes(), Writes::Full);
         assert_eq!(g.admit(t), Ok(()));
         assert_eq!(g.writes(), Writes::Full); // until one is written
         g.written();
         assert_eq!(g.writes(), Writes::Open);
         // No filesystem has room for this file: one trial every FULL_RETRY, the rest dropped.
-        let g = Gate::new(dir, u64::MAX, false);
-        g.shut(Shut::Full, t);
-        assert_eq!(g.admit(t), Err(Shut::Full));
+        let full = Err(Shut::Full { quota: false });
+        let g = Gate::new(dir.clone(), u64::MAX, false);
+        g.shut(Shut::Full { quota: false }, t);
+        assert_eq!(g.admit(t), full);
         assert_eq!(g.admit(t + FULL_RETRY), Ok(()));
-        assert_eq!(g.admit(t + FULL_RETRY), Err(Shut::Full));
+        assert_eq!(g.admit(t + FULL_RETRY), full);
+        // Over a quota statvfs shows room that is not ours: only the timed trial goes.
+        let g = Gate::new(dir, 1, false);
+        g.shut(Shut::Full { quota: true }, t);
+        assert_eq!(g.admit(t), Err(Shut::Full { quota: true }));
+        assert_eq!(g.admit(t + FULL_RETRY), Ok(()));
     }
 
     #[test]

@@ -288,7 +288,18 @@ impl DiskJobs {
         if sent.is_empty() {
             return;
         }
-        self.sh.lock().probes.extend(sent);
+        let mut q = self.sh.lock();
+        if q.closing {
+            // No thread is left to run them: they end finding nothing.
+            drop(q);
+            let mut probes = self.sh.probes();
+            for keys in &sent {
+                probes.done(keys, None, Instant::now());
+            }
+            return;
+        }
+        q.probes.extend(sent);
+        drop(q);
         self.sh.work_cv.notify_all();
     }
 
@@ -318,16 +329,17 @@ impl DiskJobs {
     /// absent or damaged. They are misses until a later scan lists a file of one again, and
     /// for a rescan's interval at least (no probe finds them again meanwhile).
     pub fn note_missing(&self, keys: &[&[u8]]) {
+        // Held first, then out of the index: a probe ending between the two sees the hold.
         {
-            let mut ix = self.sh.index();
+            let until = Instant::now() + self.sh.failed_hold;
+            let mut probes = self.sh.probes();
             for key in keys {
-                ix.remove(key);
+                probes.miss(key, until);
             }
         }
-        let until = Instant::now() + self.sh.failed_hold;
-        let mut probes = self.sh.probes();
+        let mut ix = self.sh.index();
         for key in keys {
-            probes.miss(key, until);
+            ix.remove(key);
         }
     }
 
@@ -563,23 +575,27 @@ fn run(sh: &Shared, item: Item) -> (u8, bool) {
     };
     let busy = Busy::new(sh, &key);
     let mut fault = false;
+    let store = matches!(item, Item::Store(..));
     let mut failed = |e: DiskError| {
-        // A full or read-only filesystem is no fault of the disk: reads go on.
+        // A full or read-only filesystem is no fault of the disk: reads go on. Only a store's
+        // error shuts writes (a file another user's engine wrote may refuse our read).
         fault = matches!(e, DiskError::Io(..)) && !e.is_full() && !e.is_read_only();
-        if e.is_full() {
-            sh.gate.shut(Shut::Full, Instant::now());
-        } else if e.is_read_only() {
-            sh.gate.shut(Shut::ReadOnly, Instant::now());
+        if store {
+            if let Some(why) = e.shut() {
+                sh.gate.shut(why, Instant::now());
+            }
         }
         sh.note(e.to_string());
         FAILED
     };
     let status = match item {
         Item::Store(key, buf) => match sh.gate.admit(Instant::now()) {
+            // There already (a directory shipped read-only, a chunk written before it filled).
+            Err(_) if sh.tier.exists(&key) => EXISTS,
             Err(why) => {
                 let c = sh.tier.counters();
                 let counter = match why {
-                    Shut::Full => &c.stores_full,
+                    Shut::Full { .. } => &c.stores_full,
                     Shut::ReadOnly => &c.stores_read_only,
                 };
                 Counters::add(counter, 1);
@@ -623,20 +639,33 @@ fn run(sh: &Shared, item: Item) -> (u8, bool) {
 
 /// Looks for the files of `keys` in order, up to the first that is absent: those found go into
 /// the index (as just used), the absent one is a miss for a while.
+/// A panic in it (a fault of the filesystem's) ends the probe as finding nothing.
 fn probe(sh: &Shared, keys: &ProbeKeys) {
-    let found = keys.iter().take_while(|k| sh.tier.has_file(k)).count();
+    let looked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        keys.iter().take_while(|k| sh.tier.has_file(k)).count()
+    }));
+    let found = looked.as_ref().map_or(0, |&n| n);
     let c = sh.tier.counters();
     Counters::add(&c.probed, (found + usize::from(found < keys.len())) as u64);
-    Counters::add(&c.probe_hits, found as u64);
-    if found > 0 {
-        let mut ix = sh.index();
-        for key in keys.iter().take(found) {
-            ix.touch(key);
+    let absent = (looked.is_ok() && found < keys.len()).then(|| keys.get(found));
+    let taken = {
+        // The index is taken under the probes' lock (the one place both are held, in this
+        // order): a load that failed meanwhile holds its key as a miss first (note_missing), so
+        // a probe that found its file never brings it back.
+        let mut probes = sh.probes();
+        let now = Instant::now();
+        let taken = found.min(probes.unheld(keys, now));
+        probes.done(keys, absent, now);
+        if taken > 0 {
+            let mut ix = sh.index();
+            for key in keys.iter().take(taken) {
+                ix.touch(key);
+            }
         }
-    }
-    let absent = (found < keys.len()).then(|| keys.get(found));
-    sh.probes().done(keys, absent, Instant::now());
-    if found > 0 {
+        taken
+    };
+    Counters::add(&c.probe_hits, taken as u64);
+    if taken > 0 {
         evict(sh);
     }
 }

@@ -2,11 +2,14 @@
 //! for its file, on the I/O threads, never on the caller's (the scheduler's) thread. A lookup that
 //! misses the index opens a probe of the rest of its keys and answers "not yet"; the probes of a
 //! step go out together at `flush`, at most `per_step` of them; a probe looks for the files in
-//! order until the first that is absent, which is then a miss for `miss_ttl` without looking
-//! again, so a prompt nobody shares costs one file's lookup, once. A chunk whose load failed is a
-//! miss for longer (`hold`): found again at once, it would be promoted and fail again every step.
+//! order until the first that is absent, which is then a miss without looking again for
+//! `miss_ttl`, and at least until a lookup has been told so (however long a step takes), so a
+//! prompt nobody shares costs one file's lookup, once. A chunk whose load failed is a miss for
+//! longer (`miss`): found again at once, it would be promoted and fail again every step. A probe
+//! unanswered for `PATIENCE` (a hung mount) no longer holds lookups back: the index answers them,
+//! and no more than twice `per_step` probes are ever out.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// The keys of one probe, in order, in one buffer (a prompt's thousands of keys are one copy).
@@ -59,14 +62,27 @@ pub(crate) struct Probes {
     /// This step's probes, sent at `flush`.
     pending: Vec<ProbeKeys>,
     asked: HashMap<String, Asked>,
-    /// The first key of every probe pending or in flight: a lookup that stops there waits.
-    probing: HashSet<Vec<u8>>,
-    /// Keys that are misses without looking, each until when.
-    missing: HashMap<Vec<u8>, Instant>,
+    /// The first key of every probe pending or in flight, and when it was opened: a lookup that
+    /// stops there waits (for `PATIENCE` at most).
+    probing: HashMap<Vec<u8>, Instant>,
+    /// Keys that are misses without looking, each until when, and whether a lookup has been
+    /// answered so (until then it stays, whatever the time).
+    missing: HashMap<Vec<u8>, Miss>,
     /// `missing` is cleared of the past ones when it grows to this many.
     prune_at: usize,
     in_flight: usize,
 }
+
+#[derive(Clone, Copy)]
+struct Miss {
+    until: Instant,
+    told: bool,
+}
+
+/// How long lookups wait on a probe before the index answers them alone (a mount that hangs).
+pub(crate) const PATIENCE: Duration = Duration::from_secs(1);
+/// A miss nobody was told of is forgotten after this long (its request went away).
+const UNTOLD_KEPT: Duration = Duration::from_secs(60);
 
 /// What a lookup that missed the index gets.
 #[derive(Debug, PartialEq, Eq)]
@@ -100,9 +116,10 @@ impl Probes {
         }
         let before = self.asked.get(request).copied();
         match before {
+            // Key by key, the next key joins; the rest of a prompt was given whole already.
             Some(Asked::Collecting(i)) => {
-                for key in rest {
-                    self.pending[i].push(key);
+                if by_key {
+                    self.pending[i].push(rest[0]);
                 }
                 return Verdict::Wait;
             }
@@ -111,23 +128,30 @@ impl Probes {
             Some(Asked::Hit) | None => {}
         }
         let first = rest[0];
-        if self.probing.contains(first) {
+        if let Some(&opened) = self.probing.get(first) {
+            if now.duration_since(opened) >= PATIENCE {
+                return Verdict::Miss;
+            }
             self.asked.insert(request.to_owned(), Asked::Waiting);
             return Verdict::Wait;
         }
-        if self.missing.get(first).is_some_and(|&until| now < until) {
-            return Verdict::Miss;
+        if let Some(miss) = self.missing.get_mut(first) {
+            if now < miss.until || !miss.told {
+                miss.told = true;
+                return Verdict::Miss;
+            }
         }
-        if self.pending.len() >= self.per_step {
+        if self.pending.len() >= self.per_step || self.in_flight() >= 2 * self.per_step {
             // Past this step's bound the index answers alone (as with no probes): a burst of
-            // prompts is never held back a step for the files of all of them.
+            // prompts is never held back a step for the files of all of them, nor a slow mount
+            // given more than it can answer.
             return Verdict::Miss;
         }
         let mut keys = ProbeKeys::default();
         for key in rest {
             keys.push(key);
         }
-        self.probing.insert(first.to_vec());
+        self.probing.insert(first.to_vec(), now);
         let collect = !by_key || matches!(before, Some(Asked::Hit));
         let asked = if collect {
             Asked::Collecting(self.pending.len())
@@ -143,7 +167,9 @@ impl Probes {
     pub fn flush(&mut self, now: Instant) -> Vec<ProbeKeys> {
         self.asked.clear();
         if self.missing.len() >= self.prune_at {
-            self.missing.retain(|_, until| now < *until);
+            self.missing.retain(|_, m| {
+                now < m.until || (!m.told && now.duration_since(m.until) < UNTOLD_KEPT)
+            });
             self.prune_at = (2 * self.missing.len()).max(1024);
         }
         self.in_flight += self.pending.len();
@@ -161,8 +187,20 @@ impl Probes {
 
     /// `key` is a miss until `until` (a load of it failed), whatever a probe would find.
     pub fn miss(&mut self, key: &[u8], until: Instant) {
-        let at = self.missing.entry(key.to_vec()).or_insert(until);
-        *at = (*at).max(until);
+        let m = self
+            .missing
+            .entry(key.to_vec())
+            .or_insert(Miss { until, told: false });
+        m.until = m.until.max(until);
+        m.told = false;
+    }
+
+    /// How many of `keys`, from the first, are not held as misses now (a probe that found the
+    /// files of held ones must not bring them back).
+    pub fn unheld(&self, keys: &ProbeKeys, now: Instant) -> usize {
+        keys.iter()
+            .take_while(|k| !self.missing.get(*k).is_some_and(|m| now < m.until))
+            .count()
     }
 
     /// Probes pending or in flight.
@@ -182,8 +220,9 @@ mod tests {
         let mut p = Probes::new(2, TTL);
         let t = Instant::now();
         assert_eq!(p.ask(&[b"a", b"b"], "r1", false, t), Verdict::Wait);
-        // Asked again in the step (the rest of its prompt): it joins the probe.
-        assert_eq!(p.ask(&[b"c"], "r1", false, t), Verdict::Wait);
+        // Asked again in the step with the rest of its prompt: it waits on its probe, which
+        // has those keys already.
+        assert_eq!(p.ask(&[b"b"], "r1", false, t), Verdict::Wait);
         // Another request stopping at the same key waits on that probe.
         assert_eq!(p.ask(&[b"a"], "r2", false, t), Verdict::Wait);
         assert_eq!(p.ask(&[b"x"], "r3", false, t), Verdict::Wait);
@@ -192,7 +231,7 @@ mod tests {
         let sent = p.flush(t);
         assert_eq!(sent.len(), 2);
         let keys: Vec<&[u8]> = sent[0].iter().collect();
-        assert_eq!(keys, vec![&b"a"[..], b"b", b"c"]);
+        assert_eq!(keys, vec![&b"a"[..], b"b"]);
         assert_eq!(p.in_flight(), 2);
         // In flight: its first key waits, also in the next step.
         assert_eq!(p.ask(&[b"a"], "r5", false, t), Verdict::Wait);
@@ -203,6 +242,42 @@ mod tests {
         // "b" was absent: a miss without looking again, until the TTL has passed.
         assert_eq!(p.ask(&[b"b", b"c"], "r6", false, t), Verdict::Miss);
         assert_eq!(p.ask(&[b"b"], "r7", false, t + TTL), Verdict::Wait);
+    }
+
+    #[test]
+    fn a_miss_is_told_at_least_once_however_long_a_step_takes() {
+        // A step longer than the TTL (or a TTL of 0): the probe's answer still reaches the
+        // lookup that asks next, which would otherwise open a probe and wait every step.
+        for ttl in [Duration::ZERO, TTL] {
+            let mut p = Probes::new(4, ttl);
+            let t = Instant::now();
+            assert_eq!(p.ask(&[b"k"], "r", false, t), Verdict::Wait);
+            let sent = p.flush(t);
+            p.done(&sent[0], Some(b"k"), t);
+            let later = t + 10 * TTL;
+            p.flush(later);
+            assert_eq!(p.ask(&[b"k"], "r", false, later), Verdict::Miss);
+            // Told once: the next ask past the TTL looks again.
+            assert_eq!(p.ask(&[b"k"], "s", false, later), Verdict::Wait);
+        }
+    }
+
+    #[test]
+    fn a_probe_that_hangs_stops_holding_lookups_back_and_probes_out_are_bounded() {
+        let mut p = Probes::new(2, TTL);
+        let t = Instant::now();
+        assert_eq!(p.ask(&[b"a"], "r1", false, t), Verdict::Wait);
+        assert_eq!(p.ask(&[b"b"], "r2", false, t), Verdict::Wait);
+        p.flush(t);
+        assert_eq!(p.ask(&[b"c"], "r3", false, t), Verdict::Wait);
+        assert_eq!(p.ask(&[b"d"], "r4", false, t), Verdict::Wait);
+        p.flush(t);
+        // Four out (twice the step's bound) and none answered: no more are opened.
+        assert_eq!(p.ask(&[b"e"], "r5", false, t), Verdict::Miss);
+        // Waiting on one unanswered for PATIENCE: the index answers.
+        assert_eq!(p.ask(&[b"a"], "r6", false, t), Verdict::Wait);
+        p.flush(t);
+        assert_eq!(p.ask(&[b"a"], "r6", false, t + PATIENCE), Verdict::Miss);
     }
 
     #[test]
@@ -223,6 +298,10 @@ mod tests {
         let sent = p.flush(t);
         let lens: Vec<usize> = sent.iter().map(ProbeKeys::len).collect();
         assert_eq!(lens, vec![1, 2]);
+        // A key held (its load failed) cuts what a probe found there.
+        p.miss(b"n", t + TTL);
+        assert_eq!(p.unheld(&sent[1], t), 1);
+        assert_eq!(p.unheld(&sent[1], t + TTL), 2);
     }
 
     #[test]

@@ -98,6 +98,11 @@ fn a_chunk_whose_load_failed_is_not_found_again_by_a_probe() {
     two.note_missing(&refs(&keys([7])));
     assert_eq!(two.lookup(&refs(&keys([7])), "r"), (0, false));
     assert_eq!(two.probes_in_flight(), 0);
+    // Nor by a probe that starts before it and finds its file: it stops there.
+    assert_eq!(store(&one, &[6]), vec![OK]);
+    assert_eq!(two.lookup(&refs(&keys([6, 7])), "s"), (0, true));
+    end_step(&two);
+    assert_eq!(two.lookup(&refs(&keys([6, 7])), "s"), (1, false));
 }
 
 /// Fills `dir`'s filesystem up with one file; returns its path.
@@ -143,6 +148,31 @@ fn an_engine_starts_on_a_full_filesystem_serves_it_and_writes_again_once_there_i
     assert_eq!(store(&jobs, &[13]), vec![OK]);
     assert_eq!(jobs.writes(), Writes::Open);
     assert_eq!(load(&jobs, &[13]).1[0], data(13));
+}
+
+#[test]
+fn a_filesystem_out_of_inodes_drops_stores_without_trying_them() {
+    let d = TempDir::new("inodes");
+    // Room for bytes, not for files: statvfs's free inodes tell.
+    let Some(_mount) = Mount::tmpfs(&d.0, "8m,nr_inodes=24") else {
+        return;
+    };
+    let jobs = open_cfg(defaults(&d.0.join("tier")), 100, 1);
+    let mut first_full = None;
+    for i in 0..40 {
+        if store(&jobs, &[i]) != vec![OK] {
+            first_full = Some(i);
+            break;
+        }
+    }
+    let first_full = first_full.expect("the filesystem never ran out of inodes");
+    assert_eq!(jobs.writes(), Writes::Full);
+    for i in 100..103 {
+        assert_eq!(store(&jobs, &[i]), vec![DROPPED]);
+    }
+    let s = jobs.tier().stats();
+    assert_eq!((s.store_failures, s.stores_full), (1, 4));
+    assert_eq!(s.stored_chunks, u64::from(first_full));
 }
 
 #[test]

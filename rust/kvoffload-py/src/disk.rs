@@ -69,7 +69,7 @@ impl DiskTier {
         breaker_cooldown_s: f64,
         evict_files: bool,
         read_only: bool,
-        probes_per_step: usize,
+        probes_per_step: i64,
         probe_miss_ttl_s: f64,
     ) -> PyResult<Self> {
         if !breaker_cooldown_s.is_finite() || !(0.01..=3600.0).contains(&breaker_cooldown_s) {
@@ -89,7 +89,7 @@ impl DiskTier {
                 "probe_miss_ttl_s={probe_miss_ttl_s} is out of range; allowed: 0 to 3600 seconds"
             )));
         }
-        if probes_per_step > 100_000 {
+        if !(0..=100_000).contains(&probes_per_step) {
             return Err(PyValueError::new_err(format!(
                 "probes_per_step={probes_per_step} is out of range; allowed: 0 (none) to 100000"
             )));
@@ -118,7 +118,7 @@ impl DiskTier {
         cfg.breaker_cooldown = Duration::from_secs_f64(breaker_cooldown_s);
         cfg.evict_files = evict_files;
         cfg.read_only = read_only;
-        cfg.probes_per_step = probes_per_step;
+        cfg.probes_per_step = probes_per_step as usize;
         cfg.probe_miss_ttl = Duration::from_secs_f64(probe_miss_ttl_s);
         let jobs = py
             .detach(|| DiskJobs::open(cfg, ns, capacity_bytes, io_threads))
