@@ -18,7 +18,7 @@ def _mount(*args: str) -> bool:
 def tmpfs(where: Path, size: str) -> Iterator[Path]:
     """A tmpfs of `size` ("64k") at `where`: a real filesystem that fills up."""
     where.mkdir(parents=True, exist_ok=True)
-    if not _mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)):
+    if not _mount("-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)):
         pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN)")
     try:
         yield where

@@ -217,9 +217,9 @@ def test_the_sources_give_the_expected_names():
     assert names["vllm:kvoffload_disk_breaker_state"] == "gauge"
     assert names["kvoffload:disk_tier_denied_total"] == "counter"
     assert names["kvoffload:disk_tier_chunks"] == "gauge"
-    assert len(connector_metrics()) == 18 + 4 + 10
+    assert len(connector_metrics()) == 18 + 4 + 11
     assert len(redis_tier_metrics()) == 6 + 4
-    assert len(disk_tier_metrics()) == 10
+    assert len(disk_tier_metrics()) == 11
 
 
 def test_suffix_rule_is_prometheus_clients():

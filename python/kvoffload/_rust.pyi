@@ -245,6 +245,7 @@ class DiskTier:
         read_only: bool = False,
         probes_per_step: int = 64,
         probe_miss_ttl_s: float = 1.0,
+        file_mode: int = 0o600,
     ) -> DiskTier: ...
     @property
     def chunk_bytes(self) -> int: ...

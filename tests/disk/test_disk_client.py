@@ -4,6 +4,8 @@ the index's lookups and capacity, a restart, and bad settings."""
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import time
 from pathlib import Path
 
@@ -112,6 +114,8 @@ def test_capacity_bytes_is_held(tmp_path):
         ({"read_only": "yes"}, "read_only='yes'"),
         ({"probes_per_step": -1}, "probes_per_step=-1"),
         ({"probe_miss_ttl_s": float("nan")}, "probe_miss_ttl_s=nan"),
+        ({"file_mode": "0644"}, "file_mode='0644'"),
+        ({"file_mode": 0o777}, "file_mode=511"),
     ],
 )
 def test_bad_settings_stop_start_up_naming_the_key(tmp_path, change, match):
@@ -180,3 +184,27 @@ def test_a_read_only_directory_is_said_once_and_serves(tmp_path, caplog):
         dest = np.zeros_like(data)
         assert done(c, c.load(keys(1), dest, [0])) == bytes([OK])
         assert np.array_equal(dest, data)
+
+
+@pytest.mark.parametrize(("file_mode", "modes"), [(None, (0o600, 0o700)), ("0640", (0o640, 0o750))])
+def test_files_and_directories_are_private_under_a_permissive_umask(tmp_path, file_mode, modes):
+    options = {} if file_mode is None else {"file_mode": file_mode}
+    old = os.umask(0)
+    try:
+        c = client(tmp_path / "cache", **options)
+        src = np.zeros(2 * CHUNK, dtype=np.uint8)
+        assert done(c, c.store(keys(2), src, [0, CHUNK])) == bytes([OK]) * 2
+    finally:
+        os.umask(old)
+    made = [tmp_path / "cache", *(tmp_path / "cache").rglob("*")]
+    assert len(made) == 1 + 1 + 2 + 2 or len(made) == 1 + 1 + 1 + 2  # dir, namespace, fans, files
+    for p in made:
+        assert stat.S_IMODE(p.lstat().st_mode) == modes[p.is_dir()], p
+
+
+def test_a_world_writable_cache_directory_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    with pytest.raises(ConfigError, match=r"writable by every user \(mode 1777\)"):
+        client(shared)

@@ -60,6 +60,7 @@ class DiskClient:
                 read_only=config.read_only,
                 probes_per_step=config.probes_per_step,
                 probe_miss_ttl_s=config.probe_miss_ttl_s,
+                file_mode=config.file_mode,
             )
         except (ValueError, OSError) as exc:
             raise ConfigError(f"DiskTier path={config.path!r}: {exc}") from exc

@@ -24,6 +24,23 @@ def file_bytes(chunk_bytes: int) -> int:
 """How long a shutdown waits for the disk I/O in flight (a hung mount fails it then)."""
 
 
+_FILE_MODES = {"0600": 0o600, "0640": 0o640, "0660": 0o660}
+
+
+def _file_mode(value: object) -> int:
+    """`file_mode` as JSON can write it: "0600", "0640" or "0660" (or those numbers)."""
+    text = value if isinstance(value, str) else None
+    if type(value) is int and value in _FILE_MODES.values():
+        return value
+    if text is not None and text.zfill(4) in _FILE_MODES:
+        return _FILE_MODES[text.zfill(4)]
+    raise ConfigError(
+        f'DiskTier file_mode={value!r} is invalid; allowed: "0600" (the engine\'s user only), '
+        '"0640" or "0660" (shared with its group, for engines running as different users of '
+        "one group)"
+    )
+
+
 @dataclass(frozen=True)
 class DiskTierConfig:
     """The disk tier's settings; `docs/disk-tier.md` documents each one."""
@@ -41,6 +58,7 @@ class DiskTierConfig:
     read_only: bool = False
     probes_per_step: int = 64
     probe_miss_ttl_s: float = 1.0
+    file_mode: int = 0o600
 
     @classmethod
     def from_dict(cls, entry: Mapping[str, Any]) -> DiskTierConfig:
@@ -128,6 +146,7 @@ class DiskTierConfig:
                 f"DiskTier probe_miss_ttl_s={miss_ttl!r} is invalid: expected seconds in "
                 "[0, 3600] (how long a file a probe did not find is a miss without looking again)"
             )
+        mode = _file_mode(entry.get("file_mode", "0600"))
         return cls(
             path,
             capacity,
@@ -142,4 +161,5 @@ class DiskTierConfig:
             read_only,
             probes,
             float(miss_ttl),
+            mode,
         )

@@ -17,6 +17,8 @@ DISK_COUNTERS: dict[str, str] = {
     "load_missing": "Chunks a load found absent (evicted, or removed by another engine).",
     "evicted": "Chunks evicted to hold capacity_bytes.",
     "denied": "Chunks failed at once, with no I/O, while the breaker was open (a failing disk).",
+    "symlinks": "Symlinks met in the tier's directory: never followed, read, written or removed "
+    "through (the chunk is a miss).",
 }
 """The monotonic counters of `DiskClient.stats` that are exported, with their help texts."""
 DISK_GAUGES: dict[str, str] = {

@@ -42,6 +42,9 @@ pub struct DiskConfig {
     pub probes_per_step: usize,
     /// How long a file a probe found absent is a miss without looking again.
     pub probe_miss_ttl: std::time::Duration,
+    /// The mode of every chunk file (0o600: the engine's user only; 0o640 or 0o660: shared with
+    /// its group); directories get it with search added where read is given.
+    pub file_mode: u32,
 }
 
 /// At most 1 GiB per chunk: larger is a mistake in the caller's arithmetic.
@@ -61,6 +64,7 @@ impl DiskConfig {
             read_only: false,
             probes_per_step: 64,
             probe_miss_ttl: std::time::Duration::from_secs(1),
+            file_mode: 0o600,
         }
     }
 
@@ -75,6 +79,13 @@ impl DiskConfig {
             return Err(DiskError::Config(
                 "breaker_failures=0 is out of range; allowed: 1 or more".into(),
             ));
+        }
+        if self.file_mode & !0o660 != 0 || self.file_mode & 0o600 != 0o600 {
+            return Err(DiskError::Config(format!(
+                "file_mode={:04o} is not allowed; allowed: 0600 (the engine's user only), 0640 or \
+                 0660 (shared with its group): never other users, never executable",
+                self.file_mode
+            )));
         }
         if self.path.as_os_str().is_empty() {
             return Err(DiskError::Config(

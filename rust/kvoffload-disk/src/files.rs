@@ -3,7 +3,7 @@
 use crate::aligned::ALIGN;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -62,22 +62,61 @@ pub fn file_len(chunk_bytes: usize) -> u64 {
     (HEADER_BLOCK + crate::aligned::round_up(chunk_bytes)) as u64
 }
 
-pub fn create(path: &Path, direct: bool) -> io::Result<File> {
+/// The mode of the tier's directories for files of `file_mode`: search where read is given.
+pub fn dir_mode(file_mode: u32) -> u32 {
+    file_mode | ((file_mode & 0o444) >> 2)
+}
+
+/// A new file of exactly `mode` (the umask may only have taken bits away: they are put back),
+/// never through a symlink.
+pub fn create(path: &Path, direct: bool, mode: u32) -> io::Result<File> {
     let mut o = OpenOptions::new();
-    o.write(true).create_new(true).mode(0o644);
-    if direct {
-        o.custom_flags(libc::O_DIRECT);
-    }
+    let flags = libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 };
+    o.write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(flags);
+    let f = o.open(path)?;
+    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    Ok(f)
+}
+
+/// Opens a chunk's file to read, never through a symlink (`ELOOP`: see [`is_symlink_error`]).
+pub fn open(path: &Path, direct: bool) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    let flags = libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 };
+    o.read(true).custom_flags(flags);
     o.open(path)
 }
 
-pub fn open(path: &Path, direct: bool) -> io::Result<File> {
-    let mut o = OpenOptions::new();
-    o.read(true);
-    if direct {
-        o.custom_flags(libc::O_DIRECT);
+/// The error of opening a symlink with `O_NOFOLLOW`.
+pub fn is_symlink_error(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ELOOP)
+}
+
+/// Whether `dir` is a directory itself, not a symlink to one (`None`: it is not there).
+pub fn real_dir(dir: &Path) -> io::Result<Option<bool>> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) => Ok(Some(m.file_type().is_dir())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
-    o.open(path)
+}
+
+/// Creates `dir` and the directories above it that are missing, each of exactly `mode`.
+pub fn make_dirs(dir: &Path, mode: u32) -> io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        make_dirs(parent, mode)?;
+    }
+    match std::fs::DirBuilder::new().mode(mode).create(dir) {
+        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)),
+        // Another engine made it meanwhile.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Tells the kernel the file's cached pages are not wanted again (buffered I/O: the tier's bytes

@@ -11,6 +11,7 @@ pub(crate) struct Counters {
     pub stores_read_only: AtomicU64,
     pub probed: AtomicU64,
     pub probe_hits: AtomicU64,
+    pub symlinks: AtomicU64,
     pub loaded_chunks: AtomicU64,
     pub load_missing: AtomicU64,
     pub load_failures: AtomicU64,
@@ -37,6 +38,9 @@ pub struct Stats {
     /// the last scan), and chunks found that way.
     pub probed: u64,
     pub probe_hits: u64,
+    /// Symlinks met in the tier's directory (a file or a subdirectory): never followed, never
+    /// read, written or removed through; the chunk is a miss.
+    pub symlinks: u64,
     pub loaded_chunks: u64,
     pub load_missing: u64,
     /// Loads the filesystem failed (not a missing or damaged file).
@@ -62,6 +66,7 @@ impl Counters {
             stores_read_only: g(&self.stores_read_only),
             probed: g(&self.probed),
             probe_hits: g(&self.probe_hits),
+            symlinks: g(&self.symlinks),
             loaded_chunks: g(&self.loaded_chunks),
             load_missing: g(&self.load_missing),
             load_failures: g(&self.load_failures),

@@ -49,6 +49,7 @@ pub struct DiskTier {
     direct: AtomicU8,
     /// `read_only: true`: nothing is written, removed or touched.
     read_only: bool,
+    file_mode: u32,
     notes: Vec<String>,
     /// Temporary names are `.tmp-<nonce>-<seq>`: a nonce random per open, since engines in other
     /// containers or on other hosts sharing the directory may have this process's pid.
@@ -77,11 +78,12 @@ impl DiskTier {
                 e,
             )
         };
+        check_private(&cfg.path, &dir, cfg.file_mode)?;
         if cfg.read_only {
             if cfg.path.exists() && !cfg.path.is_dir() {
                 return Err(cannot_be_dir(io::Error::from_raw_os_error(libc::ENOTDIR)));
             }
-        } else if let Err(e) = fs::create_dir_all(&dir) {
+        } else if let Err(e) = files::make_dirs(&dir, files::dir_mode(cfg.file_mode)) {
             if !(is_read_only(&e) || is_full(&e)) {
                 return Err(cannot_be_dir(e));
             }
@@ -92,28 +94,30 @@ impl DiskTier {
         }
         let direct = match cfg.direct {
             DirectIo::Off => DIRECT_NO,
-            DirectIo::Auto | DirectIo::On => match probe_direct(&dir, !cfg.read_only)? {
-                Some(true) => DIRECT_YES,
-                Some(false) if cfg.direct == DirectIo::On => {
-                    return Err(DiskError::Config(format!(
-                        "direct_io=on: the filesystem of path={} does not take O_DIRECT; use \
+            DirectIo::Auto | DirectIo::On => {
+                match probe_direct(&dir, !cfg.read_only, cfg.file_mode)? {
+                    Some(true) => DIRECT_YES,
+                    Some(false) if cfg.direct == DirectIo::On => {
+                        return Err(DiskError::Config(format!(
+                            "direct_io=on: the filesystem of path={} does not take O_DIRECT; use \
                          \"auto\" or \"off\"",
-                        cfg.path.display()
-                    )))
-                }
-                Some(false) => DIRECT_NO,
-                // Nothing to read and nothing may be written: "on" is taken at its word.
-                None if cfg.direct == DirectIo::On => DIRECT_YES,
-                None => {
-                    notes.push(
-                        "whether the filesystem takes O_DIRECT is not known yet (no chunk to \
+                            cfg.path.display()
+                        )))
+                    }
+                    Some(false) => DIRECT_NO,
+                    // Nothing to read and nothing may be written: "on" is taken at its word.
+                    None if cfg.direct == DirectIo::On => DIRECT_YES,
+                    None => {
+                        notes.push(
+                            "whether the filesystem takes O_DIRECT is not known yet (no chunk to \
                          read, and no room or permission to write one): buffered I/O until a \
                          chunk's file is read or written"
-                            .into(),
-                    );
-                    DIRECT_UNKNOWN
+                                .into(),
+                        );
+                        DIRECT_UNKNOWN
+                    }
                 }
-            },
+            }
         };
         Ok(DiskTier {
             dir,
@@ -121,6 +125,7 @@ impl DiskTier {
             layout: Layout::whole(cfg.chunk_bytes),
             direct: AtomicU8::new(direct),
             read_only: cfg.read_only,
+            file_mode: cfg.file_mode,
             notes,
             nonce: random_u64(),
             tmp_seq: AtomicU64::new(0),
@@ -182,9 +187,23 @@ impl DiskTier {
         Ok(files::chunk_path(&self.dir, key))
     }
 
-    /// Whether chunk `key` has a file (not checked: a load checks).
+    /// Whether chunk `key` has a file of its own (not a symlink; not checked: a load checks).
     pub fn exists(&self, key: &[u8]) -> bool {
-        self.path_of(key).is_ok_and(|p| p.exists())
+        self.path_of(key)
+            .is_ok_and(|p| self.fan_ok(&p) && is_file(&p))
+    }
+
+    /// Whether the subdirectory of the chunk's file at `path` is one (or not there yet), not a
+    /// symlink planted in its place (counted).
+    fn fan_ok(&self, path: &Path) -> bool {
+        let parent = path.parent().expect("a chunk's file has a directory");
+        match files::real_dir(parent) {
+            Ok(Some(false)) => {
+                Counters::add(&self.stats.symlinks, 1);
+                false
+            }
+            _ => true,
+        }
     }
 
     /// Writes chunk `key` (`payload`, exactly `chunk_bytes`) unless its file is there. The file
@@ -222,7 +241,12 @@ impl DiskTier {
             Ok(p) => p,
             Err(e) => return Stored::Failed(e),
         };
-        if path.exists() {
+        if !self.fan_ok(&path) {
+            let e = io::Error::from_raw_os_error(libc::ELOOP);
+            let what = format!("{} is a symlink: never written through", path.display());
+            return Stored::Failed(DiskError::io(what, e));
+        }
+        if is_file(&path) {
             return Stored::Exists;
         }
         // Read once: a first file may settle it meanwhile, and one write uses one way.
@@ -233,14 +257,14 @@ impl DiskTier {
             self.nonce,
             self.tmp_seq.fetch_add(1, Ordering::Relaxed)
         ));
-        let file = match files::create(&tmp, direct) {
+        let file = match files::create(&tmp, direct, self.file_mode) {
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 // First file of its subdirectory, or the directory was removed under us.
-                if let Err(e) = fs::create_dir_all(parent) {
+                if let Err(e) = files::make_dirs(parent, files::dir_mode(self.file_mode)) {
                     let what = format!("creating {}", parent.display());
                     return Stored::Failed(DiskError::io(what, e));
                 }
-                files::create(&tmp, direct)
+                files::create(&tmp, direct, self.file_mode)
             }
             other => other,
         };
@@ -317,9 +341,16 @@ impl DiskTier {
             Err(e) => return Loaded::Failed(e),
         };
         let direct = self.direct();
+        if !self.fan_ok(&path) {
+            return Loaded::Missing;
+        }
         let f = match files::open(&path, direct) {
             Ok(f) => f,
             Err(e) if e.kind() == ErrorKind::NotFound => return Loaded::Missing,
+            Err(e) if files::is_symlink_error(&e) => {
+                Counters::add(&self.stats.symlinks, 1);
+                return Loaded::Missing;
+            }
             Err(e) => {
                 return Loaded::Failed(DiskError::io(format!("opening {}", path.display()), e))
             }
@@ -402,8 +433,10 @@ impl DiskTier {
     /// looks for.
     pub fn has_file(&self, key: &[u8]) -> bool {
         self.path_of(key).is_ok_and(|p| {
-            fs::metadata(p)
-                .is_ok_and(|m| m.is_file() && m.len() == files::file_len(self.layout.chunk_bytes))
+            self.fan_ok(&p)
+                && fs::symlink_metadata(p).is_ok_and(|m| {
+                    m.is_file() && m.len() == files::file_len(self.layout.chunk_bytes)
+                })
         })
     }
 
@@ -441,6 +474,10 @@ impl DiskTier {
                 Some(&[fan]) => fan,
                 _ => continue,
             };
+            if sub.file_type().is_ok_and(|t| t.is_symlink()) {
+                Counters::add(&self.stats.symlinks, 1);
+                continue;
+            }
             let entries = match fs::read_dir(sub.path()) {
                 Ok(entries) => entries,
                 Err(e) => {
@@ -457,6 +494,10 @@ impl DiskTier {
                     }
                 };
                 let name = entry.file_name();
+                if entry.file_type().is_ok_and(|t| t.is_symlink()) {
+                    Counters::add(&self.stats.symlinks, 1);
+                    continue;
+                }
                 if name.to_string_lossy().starts_with(TMP_PREFIX) {
                     if !self.read_only {
                         remove_if_stale(&entry.path());
@@ -483,7 +524,7 @@ impl DiskTier {
 /// where there is none and `may_write`, a block written and read back. Only `EINVAL` (the
 /// filesystem refuses the flag or the alignment) means no; None: not known (nothing to read, and
 /// no room or permission to write); another error is the directory's, and stops open.
-fn probe_direct(dir: &Path, may_write: bool) -> Result<Option<bool>> {
+fn probe_direct(dir: &Path, may_write: bool, mode: u32) -> Result<Option<bool>> {
     if let Some(yes) = any_chunk_file(dir).and_then(|p| read_probe(&p).ok()) {
         return Ok(Some(yes));
     }
@@ -491,7 +532,7 @@ fn probe_direct(dir: &Path, may_write: bool) -> Result<Option<bool>> {
         return Ok(None);
     }
     let path = dir.join(format!("{TMP_PREFIX}probe-{:016x}", random_u64()));
-    let created = match files::create(&path, true) {
+    let created = match files::create(&path, true, mode) {
         Ok(f) => f,
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(Some(false)),
         Err(e) if is_read_only(&e) || is_full(&e) || e.kind() == ErrorKind::NotFound => {
@@ -525,7 +566,8 @@ fn any_chunk_file(dir: &Path) -> Option<PathBuf> {
             .file_name()
             .to_str()
             .and_then(files::unhex)
-            .is_some_and(|b| b.len() == 1);
+            .is_some_and(|b| b.len() == 1)
+            && sub.file_type().is_ok_and(|t| t.is_dir());
         if !is_fan {
             continue;
         }
@@ -533,7 +575,8 @@ fn any_chunk_file(dir: &Path) -> Option<PathBuf> {
             continue;
         };
         for entry in entries.flatten() {
-            if entry.file_name().to_str().and_then(files::unhex).is_some() {
+            let chunk = entry.file_name().to_str().and_then(files::unhex).is_some();
+            if chunk && entry.file_type().is_ok_and(|t| t.is_file()) {
                 return Some(entry.path());
             }
         }
@@ -559,7 +602,7 @@ fn read_probe(path: &Path) -> io::Result<bool> {
 /// A temporary file an hour old is a write that never ended (a crash): removed. Younger ones
 /// may be another engine's write in progress.
 fn remove_if_stale(path: &Path) {
-    let old = fs::metadata(path)
+    let old = fs::symlink_metadata(path)
         .and_then(|m| m.modified())
         .ok()
         .and_then(|t| t.elapsed().ok())
@@ -591,4 +634,48 @@ fn random_u64() -> u64 {
             .map_or(0, |d| d.as_nanos() as u64),
     );
     h.finish()
+}
+
+/// Whether `path` is a regular file itself (not a symlink to one).
+fn is_file(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
+}
+
+/// Refuses a tier directory that users other than its owner may write (they could plant a
+/// chunk file with a good header and checksum, which would be served), or whose namespace
+/// directory is a symlink. Group write is allowed where `file_mode` shares with the group.
+fn check_private(path: &Path, dir: &Path, file_mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if files::real_dir(dir).is_ok_and(|d| d == Some(false)) {
+        return Err(DiskError::Config(format!(
+            "path={}: {} is not a directory of its own (a symlink, or a file): remove it",
+            path.display(),
+            dir.display()
+        )));
+    }
+    for p in [path, dir] {
+        let Ok(meta) = fs::metadata(p) else { continue };
+        let mode = meta.permissions().mode() & 0o7777;
+        let group_shared = file_mode & 0o020 != 0;
+        let open_to = if mode & 0o002 != 0 {
+            "every user"
+        } else if mode & 0o020 != 0 && !group_shared {
+            "its group"
+        } else {
+            continue;
+        };
+        return Err(DiskError::Config(format!(
+            "path={}: {} is writable by {open_to} (mode {mode:04o}): another user could put a \
+             chunk file there that would be served; give the tier a directory only its engines' \
+             user can write (chmod go-w{}), or file_mode 0660 to share it with the group",
+            path.display(),
+            p.display(),
+            if mode & 0o002 != 0 {
+                ", or a subdirectory of mode 0700"
+            } else {
+                ""
+            },
+        )));
+    }
+    Ok(())
 }

@@ -52,7 +52,7 @@ impl DiskTier {
         path, namespace, chunk_bytes, capacity_bytes, *, direct_io = "auto", io_threads = 8,
         rescan_interval_s = 10.0, max_store_bytes_in_flight = 1_073_741_824,
         breaker_failures = 3, breaker_cooldown_s = 10.0, evict_files = true, read_only = false,
-        probes_per_step = 64, probe_miss_ttl_s = 1.0,
+        probes_per_step = 64, probe_miss_ttl_s = 1.0, file_mode = 0o600,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -71,6 +71,7 @@ impl DiskTier {
         read_only: bool,
         probes_per_step: i64,
         probe_miss_ttl_s: f64,
+        file_mode: u32,
     ) -> PyResult<Self> {
         if !breaker_cooldown_s.is_finite() || !(0.01..=3600.0).contains(&breaker_cooldown_s) {
             return Err(PyValueError::new_err(format!(
@@ -120,6 +121,7 @@ impl DiskTier {
         cfg.read_only = read_only;
         cfg.probes_per_step = probes_per_step as usize;
         cfg.probe_miss_ttl = Duration::from_secs_f64(probe_miss_ttl_s);
+        cfg.file_mode = file_mode;
         let jobs = py
             .detach(|| DiskJobs::open(cfg, ns, capacity_bytes, io_threads))
             .map_err(to_py)?;
@@ -299,6 +301,7 @@ impl DiskTier {
             ("stores_read_only", s.stores_read_only),
             ("probed", s.probed),
             ("probe_hits", s.probe_hits),
+            ("symlinks", s.symlinks),
             ("loaded_chunks", s.loaded_chunks),
             ("load_missing", s.load_missing),
             ("load_failures", s.load_failures),

@@ -17,7 +17,7 @@ fn run(args: &[&str], at: &Path) -> bool {
 impl Mount {
     /// A tmpfs of `size` (as mount takes it: "64k") at `at`.
     pub fn tmpfs(at: &Path, size: &str) -> Option<Mount> {
-        let opts = format!("size={size}");
+        let opts = format!("size={size},mode=0700");
         if !run(&["-t", "tmpfs", "-o", &opts, "tmpfs"], at) {
             eprintln!("skipped: this test mounts a tmpfs, which needs root (CAP_SYS_ADMIN)");
             return None;

@@ -1,0 +1,182 @@
+//! Cached KV at rest is its owner's: every file and directory the tier creates has the mode of
+//! `file_mode` whatever the umask, a symlink planted in the directory is never followed (no read,
+//! no write, no removal through it), and a directory other users may write is refused.
+
+mod common;
+
+use common::jobs::{data, key, load, open_cfg, store, CHUNK, FILE, NS};
+use common::TempDir;
+use kvoffload_disk::{DiskConfig, DiskError, DiskJobs};
+use kvoffload_format::status::{MISSING, OK};
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+fn mode(p: &Path) -> u32 {
+    fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// Every file and directory under `root`, itself included.
+fn tree(root: &Path) -> Vec<PathBuf> {
+    let mut out = vec![root.to_path_buf()];
+    for entry in fs::read_dir(root).unwrap().flatten() {
+        let p = entry.path();
+        if entry.file_type().unwrap().is_dir() {
+            out.extend(tree(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn config(path: &Path, file_mode: u32) -> DiskConfig {
+    let mut cfg = DiskConfig::new(path, CHUNK);
+    cfg.file_mode = file_mode;
+    cfg
+}
+
+#[test]
+fn files_and_directories_get_file_modes_mode_under_a_permissive_umask() {
+    // SAFETY: umask only sets the process's mask; this is the only test of this binary that
+    // depends on it (the others set modes of their own).
+    let old = unsafe { libc::umask(0) };
+    let d = TempDir::new("modes");
+    for (file_mode, dir_mode) in [(0o600, 0o700), (0o640, 0o750), (0o660, 0o770)] {
+        let root = d.0.join(format!("m{file_mode:o}")).join("cache");
+        let jobs = open_cfg(config(&root, file_mode), 100, 2);
+        assert_eq!(store(&jobs, &[0, 1, 2, 3]), vec![OK; 4]);
+        jobs.close();
+        let all = tree(&d.0.join(format!("m{file_mode:o}")));
+        assert!(all.len() >= 4 + 3, "{all:?}");
+        for p in all {
+            let want = if p.is_dir() { dir_mode } else { file_mode };
+            assert_eq!(mode(&p), want, "{}", p.display());
+        }
+    }
+    unsafe { libc::umask(old) };
+}
+
+/// Copies chunk `i`'s file (a whole, valid one) out of `jobs`'s directory to `to`.
+fn copy_of(jobs: &DiskJobs, i: u32, to: &Path) -> PathBuf {
+    let (keys, _) = jobs.tier().scan().unwrap();
+    assert!(keys.iter().any(|(k, _)| *k == key(i)));
+    let name = kvoffload_hex(&key(i));
+    let src = tree(jobs.tier().dir())
+        .into_iter()
+        .find(|p| p.file_name().is_some_and(|n| n == name.as_str()))
+        .unwrap();
+    fs::copy(&src, to).unwrap();
+    to.to_path_buf()
+}
+
+fn kvoffload_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn a_symlink_planted_in_the_directory_is_never_followed() {
+    let d = TempDir::new("symlinks");
+    let elsewhere = d.0.join("elsewhere");
+    fs::create_dir_all(&elsewhere).unwrap();
+    // A valid chunk file made by another tier of the same namespace, outside this one.
+    let other = open_cfg(config(&d.0.join("other"), 0o600), 100, 1);
+    assert_eq!(store(&other, &[1, 2]), vec![OK; 2]);
+    let target = copy_of(&other, 1, &elsewhere.join("target"));
+    let before = fs::read(&target).unwrap();
+    let jobs = open_cfg(config(&d.0.join("tier"), 0o600), 100, 1);
+    assert_eq!(store(&jobs, &[2]), vec![OK]);
+    // Chunk 1's name in its subdirectory, as a symlink to the valid file elsewhere.
+    let (keys, _) = other.tier().scan().unwrap();
+    assert_eq!(keys.len(), 2);
+    let ours = jobs.tier().dir().to_path_buf();
+    let planted = tree(other.tier().dir())
+        .into_iter()
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n == kvoffload_hex(&key(1)).as_str())
+        })
+        .unwrap();
+    let fan = ours.join(planted.parent().unwrap().file_name().unwrap());
+    fs::create_dir_all(&fan).unwrap();
+    let link = fan.join(planted.file_name().unwrap());
+    symlink(&target, &link).unwrap();
+    // Not read: a miss, and the file behind it is unchanged and still there.
+    assert_eq!(load(&jobs, &[1]).0, vec![MISSING]);
+    assert_eq!(jobs.lookup(&[&key(1)[..]], "r"), (0, true));
+    jobs.flush();
+    while jobs.probes_in_flight() > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(jobs.lookup(&[&key(1)[..]], "r"), (0, false));
+    assert!(jobs
+        .tier()
+        .scan()
+        .unwrap()
+        .0
+        .iter()
+        .all(|(k, _)| *k != key(1)));
+    assert_eq!(fs::read(&target).unwrap(), before);
+    assert!(jobs.tier().stats().symlinks >= 2);
+    // A subdirectory that is a symlink: nothing is written into it, nor read from it.
+    let fan2 = ours.join(
+        tree(&ours)
+            .into_iter()
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n == kvoffload_hex(&key(2)).as_str())
+            })
+            .unwrap()
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap(),
+    );
+    fs::remove_dir_all(&fan2).unwrap();
+    symlink(other.tier().dir().join(fan2.file_name().unwrap()), &fan2).unwrap();
+    assert_eq!(load(&jobs, &[2]).0, vec![MISSING]);
+    let other_files = tree(other.tier().dir()).len();
+    assert_ne!(store(&jobs, &[2]), vec![OK]);
+    assert_eq!(tree(other.tier().dir()).len(), other_files);
+    assert_eq!(load(&other, &[2]).1[0], data(2)); // the other tier's file is untouched
+}
+
+#[test]
+fn a_directory_other_users_may_write_is_refused_with_one_clear_line() {
+    let d = TempDir::new("open-to");
+    let refused = |path: &Path, file_mode: u32| match DiskJobs::open(
+        config(path, file_mode),
+        NS,
+        100 * FILE,
+        1,
+    ) {
+        Err(DiskError::Config(m)) => m,
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("{} was taken", path.display()),
+    };
+    let world = d.0.join("world");
+    fs::create_dir_all(&world).unwrap();
+    fs::set_permissions(&world, fs::Permissions::from_mode(0o1777)).unwrap();
+    let m = refused(&world, 0o600);
+    assert!(m.contains("writable by every user (mode 1777)"), "{m}");
+    let group = d.0.join("group");
+    fs::create_dir_all(&group).unwrap();
+    fs::set_permissions(&group, fs::Permissions::from_mode(0o770)).unwrap();
+    let m = refused(&group, 0o600);
+    assert!(m.contains("writable by its group (mode 0770)") && m.contains("file_mode 0660"));
+    // Shared with the group on purpose: taken.
+    assert!(DiskJobs::open(config(&group, 0o660), NS, 100 * FILE, 1).is_ok());
+    // The namespace's directory replaced by a symlink: refused.
+    let linked = d.0.join("linked");
+    let jobs = open_cfg(config(&linked, 0o600), 100, 1);
+    let ns_dir = jobs.tier().dir().to_path_buf();
+    jobs.close();
+    drop(jobs);
+    fs::remove_dir_all(&ns_dir).unwrap();
+    symlink(&world, &ns_dir).unwrap();
+    assert!(refused(&linked, 0o600).contains("not a directory of its own"));
+    // A mode that would give other users the files: refused before anything is made.
+    let m = refused(&d.0.join("bad-mode"), 0o644);
+    assert!(m.contains("file_mode=0644 is not allowed"), "{m}");
+    assert!(!d.0.join("bad-mode").exists());
+}
