@@ -199,6 +199,8 @@ class RemoteTier:
         tls_server_name: str | None = None,
         lookup_namespaces: list[bytes] | None = None,
         cluster: bool | None = None,
+        password_file: str | os.PathLike[str] | None = None,
+        password_env: str | None = None,
     ) -> RemoteTier: ...
     @property
     def startup_error(self) -> str | None: ...

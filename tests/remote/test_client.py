@@ -228,3 +228,19 @@ def test_bad_urls_stop_start_up_with_the_grammar(url, match):
 def test_password_is_masked_in_messages(url):
     config = RemoteTierConfig.from_dict({"url": url, "namespace": "n"})
     assert "secret" not in config.masked_url and "***" in config.masked_url
+    assert "secret" not in repr(config) and config.masked_url in repr(config)
+
+
+@pytest.mark.parametrize(
+    ("entry", "match"),
+    [
+        ({"password_file": "/run/pw", "password_env": "PW"}, "are both set; allowed: one of them"),
+        ({"url": "redis://:secret@h:1", "password_file": "/run/pw"}, "the password in one place"),
+        ({"password_file": ""}, "password_file=''"),
+        ({"password_env": 5}, "password_env=5"),
+    ],
+)
+def test_a_password_given_twice_or_badly_is_refused_naming_the_key(entry, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        RemoteTierConfig.from_dict({"url": "redis://h:1", "namespace": "n", **entry})
+    assert "secret" not in str(err.value)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from kvoffload._rust import mask_remote_url
 from kvoffload.errors import ConfigError
 
+logger = logging.getLogger(__name__)
+
 # Keys vLLM's tier factory reads (or passes on) itself: not ours, not unknown either.
 _VLLM_KEYS = frozenset({"type", "module_path", "backpressure", "locality"})
+_WARNED_URLS: set[str] = set()
+"""URLs whose password this process has warned about (once each)."""
 
 
 def _number(entry: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
@@ -64,9 +69,10 @@ def _flag(entry: Mapping[str, Any], key: str, default: bool) -> bool:
     return v
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RemoteTierConfig:
-    """The shared tier's settings; `docs/shared-tier.md` documents each one."""
+    """The shared tier's settings; `docs/shared-tier.md` documents each one. Its `repr` never
+    shows a password (the url's is masked; a file or a variable is named, never read here)."""
 
     url: str
     namespace: str
@@ -86,6 +92,16 @@ class RemoteTierConfig:
     tls_server_name: str | None = None
     cluster: bool | None = None
     """True / False, or None ("auto"): the first seed node that answers tells."""
+    password_file: str | None = None
+    """A file holding the password (as Kubernetes mounts a secret), read by the data path at
+    start-up and again when the server refuses it (a rotated secret)."""
+    password_env: str | None = None
+    """The name of an environment variable holding the password (read as `password_file`)."""
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        shown["url"] = self.masked_url
+        return f"RemoteTierConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     @classmethod
     def from_dict(cls, entry: Mapping[str, Any]) -> RemoteTierConfig:
@@ -117,6 +133,33 @@ class RemoteTierConfig:
                 "(e.g. 'llama-3.1-8b@rev-5f0b')"
             )
         ttl = entry.get("ttl_s")
+        password_file = _optional_text(
+            entry, "password_file", "the path of a file holding the password"
+        )
+        password_env = _optional_text(
+            entry, "password_env", "the name of an environment variable holding the password"
+        )
+        if password_file is not None and password_env is not None:
+            raise ConfigError(
+                f"secondary tier password_file={password_file!r} and "
+                f"password_env={password_env!r} are both set; allowed: one of them"
+            )
+        in_url = _masked(url) != url
+        if in_url and (password_file or password_env):
+            raise ConfigError(
+                f"secondary tier url={_masked(url)!r} holds a password, and password_file or "
+                "password_env is set too; allowed: the password in one place (password_file "
+                "or password_env)"
+            )
+        if in_url and url not in _WARNED_URLS:
+            _WARNED_URLS.add(url)
+            logger.warning(
+                "secondary tier url=%r holds a password: vLLM logs its configuration "
+                "(kv_transfer_config, with this url) at start-up, so the password is in vLLM's "
+                "log. Put it in a file (password_file, as a mounted Kubernetes secret) or an "
+                "environment variable (password_env) instead",
+                _masked(url),
+            )
         return cls(
             url=url,
             namespace=namespace,
@@ -141,6 +184,8 @@ class RemoteTierConfig:
                 entry, "tls_server_name", "the DNS name or IP address of the certificate"
             ),
             cluster=_cluster(entry),
+            password_file=password_file,
+            password_env=password_env,
         )
 
     def client_options(self) -> dict[str, Any]:
@@ -160,6 +205,8 @@ class RemoteTierConfig:
             "tls_key_file": self.tls_key_file,
             "tls_server_name": self.tls_server_name,
             "cluster": self.cluster,
+            "password_file": self.password_file,
+            "password_env": self.password_env,
         }
 
     @property

@@ -90,7 +90,8 @@ impl RemoteTier {
         min_bandwidth_mb_s = 100.0, connections = 2, breaker_failures = 3,
         breaker_cooldown_s = 2.0, ttl_s = None, max_store_bytes_in_flight = 1_073_741_824,
         touch_on_hit = true, tls_ca_file = None, tls_cert_file = None, tls_key_file = None,
-        tls_server_name = None, lookup_namespaces = None, cluster = None,
+        tls_server_name = None, lookup_namespaces = None, cluster = None, password_file = None,
+        password_env = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -113,6 +114,8 @@ impl RemoteTier {
         tls_server_name: Option<String>,
         lookup_namespaces: Option<Vec<Vec<u8>>>,
         cluster: Option<bool>,
+        password_file: Option<PathBuf>,
+        password_env: Option<String>,
     ) -> PyResult<Self> {
         use remote::config::{MIN_BANDWIDTH_RANGE, TIMEOUT_MAX, TIMEOUT_MIN, TTL_MAX};
         let digest = |name: &str, bytes: &[u8]| -> PyResult<[u8; 16]> {
@@ -139,6 +142,8 @@ impl RemoteTier {
             )));
         }
         let mut cfg = Config::new(url, chunk_bytes);
+        cfg.password_file = password_file;
+        cfg.password_env = password_env;
         cfg.connect_timeout = seconds(
             "connect_timeout_s",
             connect_timeout_s,

@@ -59,6 +59,10 @@ pub struct Config {
     pub tls: TlsConfig,
     /// Redis Cluster: `None` asks the first seed that answers (`cluster_enabled`).
     pub cluster: Option<bool>,
+    /// Where the password is read from instead of the URL (which vLLM logs): a file, or an
+    /// environment variable; read at start-up and again when the server refuses it.
+    pub password_file: Option<PathBuf>,
+    pub password_env: Option<String>,
 }
 
 pub const MAX_CHUNK_BYTES: usize = 256 << 20;
@@ -86,6 +90,8 @@ impl Config {
             touch_on_hit: true,
             tls: TlsConfig::default(),
             cluster: None,
+            password_file: None,
+            password_env: None,
         }
     }
 

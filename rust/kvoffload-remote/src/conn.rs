@@ -3,6 +3,7 @@
 //! that rustls makes for one of ours), so a stalled or dribbling server cannot stretch a job
 //! past it.
 
+use crate::credentials::Credentials;
 use crate::error::{RemoteError, Result};
 use crate::resp::{self, Head, Pipeline};
 use crate::tls::TlsClient;
@@ -21,6 +22,7 @@ const READ_BUF: usize = 64 << 10;
 pub struct Target {
     pub url: ServerUrl,
     pub tls: Option<TlsClient>,
+    pub(crate) creds: Credentials,
 }
 
 enum Socket {
@@ -250,8 +252,18 @@ impl Conn {
     }
 
     /// [`Conn::connect`] to another node of the target (a cluster's), with its credentials and
-    /// TLS.
+    /// TLS. Credentials the server refuses are read again from their file or variable (a
+    /// rotated secret), and tried once more if they changed.
     pub fn connect_to(target: &Target, endpoint: &Endpoint, deadline: Instant) -> Result<Conn> {
+        match Conn::connect_once(target, endpoint, deadline) {
+            Err(RemoteError::Auth(_)) if target.creds.reread() => {
+                Conn::connect_once(target, endpoint, deadline)
+            }
+            other => other,
+        }
+    }
+
+    fn connect_once(target: &Target, endpoint: &Endpoint, deadline: Instant) -> Result<Conn> {
         let url = &target.url;
         let socket = match (open(endpoint, deadline)?, &target.tls) {
             (TcpOrUnix::Tcp(s), Some(tls)) => handshake(s, endpoint, tls, deadline)?,
@@ -265,8 +277,9 @@ impl Conn {
         };
         let mut p = Pipeline::new();
         let mut steps = Vec::new();
-        if let Some(pass) = &url.password {
-            match &url.username {
+        let password = target.creds.password();
+        if let Some(pass) = &password {
+            match target.creds.username() {
                 Some(user) => p.command(3).arg(b"AUTH").arg(user.as_bytes()),
                 None => p.command(2).arg(b"AUTH"),
             }
@@ -292,7 +305,8 @@ impl Conn {
         match first_err {
             None => Ok(conn),
             Some((_, msg)) if is_auth_error(&msg) => Err(RemoteError::Auth(format!(
-                "the server refused the credentials of the URL: {msg}"
+                "the server refused the credentials {}: {msg}",
+                target.creds.origin()
             ))),
             Some(("SELECT", msg)) => Err(RemoteError::Auth(format!(
                 "the server refused database {} of the URL: {msg}",

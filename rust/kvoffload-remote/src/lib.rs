@@ -9,6 +9,7 @@ mod breaker;
 pub mod cluster;
 pub mod config;
 mod conn;
+mod credentials;
 mod error;
 pub mod format;
 mod jobs;

@@ -5,6 +5,7 @@ use crate::breaker::{Breaker, BreakerState};
 use crate::cluster::{self, ClusterState, SlotMap};
 use crate::config::Config;
 use crate::conn::{Conn, Target};
+use crate::credentials::Credentials;
 use crate::error::{RemoteError, Result};
 use crate::format::{Layout, KEY_PREFIX};
 use crate::jobs::{self, CanaryOutcome};
@@ -198,7 +199,8 @@ impl Tier {
         }
         let url = url::parse(&cfg.url)?;
         let tls = tls::client(&url, &cfg.tls)?;
-        let target = Target { url, tls };
+        let creds = Credentials::new(&url, &cfg)?;
+        let target = Target { url, tls, creds };
         let (mut first, cluster, unreachable) = first_contact(&cfg, &target)?;
         let sh = Arc::new(Shared {
             layout: Layout::new(cfg.chunk_bytes),

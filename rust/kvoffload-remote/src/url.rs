@@ -134,10 +134,11 @@ fn parse_tcp(url: &str, rest: &str, tls: bool) -> Result<ServerUrl> {
             let (u, p) = a.split_once(':').unwrap_or((a, ""));
             let u = decode(url, u)?;
             let p = decode(url, p)?;
-            if p.is_empty() {
-                return Err(bad(url, "credentials given without a password"));
+            if p.is_empty() && u.is_empty() {
+                return Err(bad(url, "credentials given without a user or a password"));
             }
-            ((!u.is_empty()).then_some(u), Some(p))
+            // A user alone: its password comes from password_file or password_env.
+            ((!u.is_empty()).then_some(u), (!p.is_empty()).then_some(p))
         }
     };
     let (hostport, db) = match hostpart.split_once('/') {
@@ -217,9 +218,6 @@ fn parse_unix(url: &str, rest: &str) -> Result<ServerUrl> {
                 ))
             }
         }
-    }
-    if out.username.is_some() && out.password.is_none() {
-        return Err(bad(url, "user given without a password"));
     }
     Ok(out)
 }
