@@ -231,6 +231,13 @@ def test_password_is_masked_in_messages(url):
     assert "secret" not in repr(config) and config.masked_url in repr(config)
 
 
+def test_an_acl_user_in_the_url_with_its_password_in_a_file_is_taken_without_a_warning(caplog):
+    config = RemoteTierConfig.from_dict(
+        {"url": "rediss://kvoffload@h:6380", "namespace": "n", "password_file": "/run/pw"}
+    )
+    assert config.masked_url == "rediss://kvoffload@h:6380" and not caplog.records
+
+
 @pytest.mark.parametrize(
     ("entry", "match"),
     [

@@ -80,7 +80,7 @@ impl DiskConfig {
                 "breaker_failures=0 is out of range; allowed: 1 or more".into(),
             ));
         }
-        if self.file_mode & !0o660 != 0 || self.file_mode & 0o600 != 0o600 {
+        if ![0o600, 0o640, 0o660].contains(&self.file_mode) {
             return Err(DiskError::Config(format!(
                 "file_mode={:04o} is not allowed; allowed: 0600 (the engine's user only), 0640 or \
                  0660 (shared with its group): never other users, never executable",

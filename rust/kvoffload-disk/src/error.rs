@@ -29,6 +29,11 @@ impl DiskError {
         matches!(self, DiskError::Io(_, e) if is_read_only(e))
     }
 
+    /// A symlink met where a chunk's file or subdirectory should be: a miss, not a fault.
+    pub fn is_symlink(&self) -> bool {
+        matches!(self, DiskError::Io(_, e) if e.raw_os_error() == Some(libc::ELOOP))
+    }
+
     /// Whether a store that failed so shuts writes (a full or read-only filesystem), and why.
     pub(crate) fn shut(&self) -> Option<Shut> {
         let DiskError::Io(_, e) = self else {

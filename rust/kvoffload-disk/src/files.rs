@@ -67,8 +67,9 @@ pub fn dir_mode(file_mode: u32) -> u32 {
     file_mode | ((file_mode & 0o444) >> 2)
 }
 
-/// A new file of exactly `mode` (the umask may only have taken bits away: they are put back),
-/// never through a symlink.
+/// A new file of `mode`, never through a symlink. The umask may only have taken bits away: they
+/// are put back, where the filesystem lets modes be set at all (vfat, some FUSE and CIFS mounts
+/// refuse: their own modes stand).
 pub fn create(path: &Path, direct: bool, mode: u32) -> io::Result<File> {
     let mut o = OpenOptions::new();
     let flags = libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 };
@@ -77,8 +78,39 @@ pub fn create(path: &Path, direct: bool, mode: u32) -> io::Result<File> {
         .mode(mode)
         .custom_flags(flags);
     let f = o.open(path)?;
-    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    let now = f.metadata().map(|m| m.permissions().mode() & 0o777);
+    if now.is_ok_and(|m| m != mode) {
+        if let Err(e) = f.set_permissions(std::fs::Permissions::from_mode(mode)) {
+            if !modes_unsupported(&e) {
+                let _ = std::fs::remove_file(path);
+                return Err(e);
+            }
+        }
+    }
     Ok(f)
+}
+
+/// A filesystem that does not keep Unix modes.
+fn modes_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPERM | libc::ENOTSUP | libc::ENOSYS)
+    )
+}
+
+/// Sets `path`'s permission bits to `mode`, keeping its set-group-ID bit (a directory of a
+/// group-shared cache passes its group on to what is created in it). Best effort where the
+/// filesystem keeps no modes.
+pub fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
+    let now = std::fs::symlink_metadata(path)?.permissions().mode();
+    if now & 0o777 == mode {
+        return Ok(());
+    }
+    let keep = now & libc::S_ISGID;
+    match std::fs::set_permissions(path, std::fs::Permissions::from_mode(keep | mode)) {
+        Err(e) if modes_unsupported(&e) => Ok(()),
+        other => other,
+    }
 }
 
 /// Opens a chunk's file to read, never through a symlink (`ELOOP`: see [`is_symlink_error`]).
@@ -112,7 +144,7 @@ pub fn make_dirs(dir: &Path, mode: u32) -> io::Result<()> {
         make_dirs(parent, mode)?;
     }
     match std::fs::DirBuilder::new().mode(mode).create(dir) {
-        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)),
+        Ok(()) => set_mode(dir, mode),
         // Another engine made it meanwhile.
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
         Err(e) => Err(e),

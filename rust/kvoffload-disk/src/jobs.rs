@@ -579,7 +579,8 @@ fn run(sh: &Shared, item: Item) -> (u8, bool) {
     let mut failed = |e: DiskError| {
         // A full or read-only filesystem is no fault of the disk: reads go on. Only a store's
         // error shuts writes (a file another user's engine wrote may refuse our read).
-        fault = matches!(e, DiskError::Io(..)) && !e.is_full() && !e.is_read_only();
+        fault =
+            matches!(e, DiskError::Io(..)) && !e.is_full() && !e.is_read_only() && !e.is_symlink();
         if store {
             if let Some(why) = e.shut() {
                 sh.gate.shut(why, Instant::now());

@@ -193,17 +193,29 @@ impl DiskTier {
             .is_ok_and(|p| self.fan_ok(&p) && is_file(&p))
     }
 
-    /// Whether the subdirectory of the chunk's file at `path` is one (or not there yet), not a
-    /// symlink planted in its place (counted).
+    /// Whether the subdirectory of the chunk's file at `path` is one (or not there yet): not a
+    /// symlink planted in its place (counted), nor one other users may write.
     fn fan_ok(&self, path: &Path) -> bool {
+        use std::os::unix::fs::PermissionsExt;
         let parent = path.parent().expect("a chunk's file has a directory");
-        match files::real_dir(parent) {
-            Ok(Some(false)) => {
+        match fs::symlink_metadata(parent) {
+            Ok(m) if m.file_type().is_symlink() => {
                 Counters::add(&self.stats.symlinks, 1);
                 false
             }
-            _ => true,
+            Ok(m) => m.is_dir() && m.permissions().mode() & self.others_write() == 0,
+            Err(_) => true,
         }
+    }
+
+    /// The mode bits by which users other than the engines' could write a directory.
+    fn others_write(&self) -> u32 {
+        0o002
+            | if self.file_mode & 0o020 != 0 {
+                0
+            } else {
+                0o020
+            }
     }
 
     /// Writes chunk `key` (`payload`, exactly `chunk_bytes`) unless its file is there. The file
@@ -429,6 +441,34 @@ impl DiskTier {
         }
     }
 
+    /// Whether a subdirectory's chunks may be served: one left more open than `file_mode` (a
+    /// cache of an older version, or written under another umask) is given this tier's mode; one
+    /// that stays writable by other users is left out (they could have planted its files).
+    fn private_fan(&self, fan: &Path) -> bool {
+        use std::os::unix::fs::PermissionsExt;
+        let want = files::dir_mode(self.file_mode);
+        let Ok(mode) = fs::symlink_metadata(fan).map(|m| m.permissions().mode() & 0o777) else {
+            return false;
+        };
+        if mode & !want == 0 {
+            return true;
+        }
+        if !self.read_only && files::set_mode(fan, want).is_ok() {
+            return true;
+        }
+        mode & self.others_write() == 0
+    }
+
+    /// Gives a chunk's file this tier's mode, if it is more open (best effort, never when
+    /// `read_only`).
+    fn own_mode(&self, file: &Path, meta: &fs::Metadata) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o777;
+        if !self.read_only && mode & !self.file_mode != 0 {
+            let _ = files::set_mode(file, self.file_mode);
+        }
+    }
+
     /// Whether chunk `key` has a whole file (its length; a load checks the rest): what a probe
     /// looks for.
     pub fn has_file(&self, key: &[u8]) -> bool {
@@ -440,9 +480,12 @@ impl DiskTier {
         })
     }
 
-    /// Removes chunk `key`'s file, if any (eviction).
+    /// Removes chunk `key`'s file, if any (eviction); never through a symlinked subdirectory.
     pub fn remove(&self, key: &[u8]) -> Result<bool> {
         let path = self.path_of(key)?;
+        if !self.fan_ok(&path) {
+            return Ok(false);
+        }
         match fs::remove_file(path) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
@@ -478,6 +521,9 @@ impl DiskTier {
                 Counters::add(&self.stats.symlinks, 1);
                 continue;
             }
+            if !self.private_fan(&sub.path()) {
+                continue;
+            }
             let entries = match fs::read_dir(sub.path()) {
                 Ok(entries) => entries,
                 Err(e) => {
@@ -510,8 +556,14 @@ impl DiskTier {
                 if key.is_empty() || key.len() > MAX_KEY_BYTES || files::fan_of(&key) != fan {
                     continue;
                 }
-                match entry.metadata().and_then(|m| m.modified()) {
-                    Ok(modified) => out.push((key, modified)),
+                match entry.metadata() {
+                    Ok(meta) => {
+                        self.own_mode(&entry.path(), &meta);
+                        match meta.modified() {
+                            Ok(modified) => out.push((key, modified)),
+                            Err(e) => seen(&e),
+                        }
+                    }
                     Err(e) => seen(&e),
                 }
             }
@@ -642,10 +694,12 @@ fn is_file(path: &Path) -> bool {
 }
 
 /// Refuses a tier directory that users other than its owner may write (they could plant a
-/// chunk file with a good header and checksum, which would be served), or whose namespace
-/// directory is a symlink. Group write is allowed where `file_mode` shares with the group.
+/// chunk file with a good header and checksum, which would be served), one another user owns
+/// (root aside), or whose namespace directory is a symlink. Group write, and a group member's
+/// ownership, are allowed where `file_mode` shares with the group; on a filesystem mounted
+/// read-only nobody can plant anything.
 fn check_private(path: &Path, dir: &Path, file_mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     if files::real_dir(dir).is_ok_and(|d| d == Some(false)) {
         return Err(DiskError::Config(format!(
             "path={}: {} is not a directory of its own (a symlink, or a file): remove it",
@@ -653,10 +707,25 @@ fn check_private(path: &Path, dir: &Path, file_mode: u32) -> Result<()> {
             dir.display()
         )));
     }
+    if mounted_read_only(path) {
+        return Ok(());
+    }
+    let group_shared = file_mode & 0o020 != 0;
+    // SAFETY: geteuid has no failure mode and touches no memory.
+    let me = unsafe { libc::geteuid() };
     for p in [path, dir] {
         let Ok(meta) = fs::metadata(p) else { continue };
         let mode = meta.permissions().mode() & 0o7777;
-        let group_shared = file_mode & 0o020 != 0;
+        if meta.uid() != me && meta.uid() != 0 && !group_shared {
+            return Err(DiskError::Config(format!(
+                "path={}: {} is owned by uid {}, not by this engine's user (uid {me}) nor root: \
+                 its owner could put chunk files there that would be served; give the tier a \
+                 directory of its own (or file_mode 0660, for engines of one group)",
+                path.display(),
+                p.display(),
+                meta.uid()
+            )));
+        }
         let open_to = if mode & 0o002 != 0 {
             "every user"
         } else if mode & 0o020 != 0 && !group_shared {
@@ -667,15 +736,25 @@ fn check_private(path: &Path, dir: &Path, file_mode: u32) -> Result<()> {
         return Err(DiskError::Config(format!(
             "path={}: {} is writable by {open_to} (mode {mode:04o}): another user could put a \
              chunk file there that would be served; give the tier a directory only its engines' \
-             user can write (chmod go-w{}), or file_mode 0660 to share it with the group",
+             user can write (chmod go-w, or a subdirectory of mode 0700), or file_mode 0660 to \
+             share it with the group",
             path.display(),
             p.display(),
-            if mode & 0o002 != 0 {
-                ", or a subdirectory of mode 0700"
-            } else {
-                ""
-            },
         )));
     }
     Ok(())
+}
+
+/// Whether `path`'s filesystem is mounted read-only (nobody can write it).
+fn mounted_read_only(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(existing) = path.ancestors().find(|p| p.exists()) else {
+        return false;
+    };
+    let Ok(c) = std::ffi::CString::new(existing.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a zeroed statvfs is a valid out-parameter; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statvfs(c.as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_RDONLY != 0 }
 }

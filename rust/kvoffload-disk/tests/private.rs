@@ -1,6 +1,8 @@
-//! Cached KV at rest is its owner's: every file and directory the tier creates has the mode of
-//! `file_mode` whatever the umask, a symlink planted in the directory is never followed (no read,
-//! no write, no removal through it), and a directory other users may write is refused.
+//! Cached KV at rest is its owner's: a symlink planted in the directory is never followed (no
+//! read, no write, no removal through it), a directory other users may write or own is refused,
+//! and a cache left more open (an older version's) is given the tier's modes. The modes of what
+//! the tier creates under a permissive umask: `umask.rs` (a binary of its own: the umask is the
+//! process's).
 
 mod common;
 
@@ -34,27 +36,6 @@ fn config(path: &Path, file_mode: u32) -> DiskConfig {
     let mut cfg = DiskConfig::new(path, CHUNK);
     cfg.file_mode = file_mode;
     cfg
-}
-
-#[test]
-fn files_and_directories_get_file_modes_mode_under_a_permissive_umask() {
-    // SAFETY: umask only sets the process's mask; this is the only test of this binary that
-    // depends on it (the others set modes of their own).
-    let old = unsafe { libc::umask(0) };
-    let d = TempDir::new("modes");
-    for (file_mode, dir_mode) in [(0o600, 0o700), (0o640, 0o750), (0o660, 0o770)] {
-        let root = d.0.join(format!("m{file_mode:o}")).join("cache");
-        let jobs = open_cfg(config(&root, file_mode), 100, 2);
-        assert_eq!(store(&jobs, &[0, 1, 2, 3]), vec![OK; 4]);
-        jobs.close();
-        let all = tree(&d.0.join(format!("m{file_mode:o}")));
-        assert!(all.len() >= 4 + 3, "{all:?}");
-        for p in all {
-            let want = if p.is_dir() { dir_mode } else { file_mode };
-            assert_eq!(mode(&p), want, "{}", p.display());
-        }
-    }
-    unsafe { libc::umask(old) };
 }
 
 /// Copies chunk `i`'s file (a whole, valid one) out of `jobs`'s directory to `to`.
@@ -99,6 +80,7 @@ fn a_symlink_planted_in_the_directory_is_never_followed() {
         .unwrap();
     let fan = ours.join(planted.parent().unwrap().file_name().unwrap());
     fs::create_dir_all(&fan).unwrap();
+    fs::set_permissions(&fan, fs::Permissions::from_mode(0o700)).unwrap();
     let link = fan.join(planted.file_name().unwrap());
     symlink(&target, &link).unwrap();
     // Not read: a miss, and the file behind it is unchanged and still there.
@@ -137,8 +119,44 @@ fn a_symlink_planted_in_the_directory_is_never_followed() {
     assert_eq!(load(&jobs, &[2]).0, vec![MISSING]);
     let other_files = tree(other.tier().dir()).len();
     assert_ne!(store(&jobs, &[2]), vec![OK]);
+    assert_eq!(jobs.state(), kvoffload_disk::BreakerState::Up); // a miss, not a failing disk
+                                                                // Nor removed through it (an eviction).
+    assert!(!jobs.tier().remove(&key(2)).unwrap());
     assert_eq!(tree(other.tier().dir()).len(), other_files);
     assert_eq!(load(&other, &[2]).1[0], data(2)); // the other tier's file is untouched
+}
+
+#[test]
+fn a_cache_left_more_open_is_given_the_tiers_modes_and_a_shared_groups_setgid_is_kept() {
+    let d = TempDir::new("reclaim");
+    let path = d.0.join("cache");
+    let jobs = open_cfg(config(&path, 0o600), 100, 1);
+    assert_eq!(store(&jobs, &[0]), vec![OK]);
+    let dir = jobs.tier().dir().to_path_buf();
+    jobs.close();
+    // As an older version (or another umask) left it: a file 0644, its subdirectory 0777.
+    let file = tree(&dir).into_iter().find(|p| p.is_file()).unwrap();
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::set_permissions(file.parent().unwrap(), fs::Permissions::from_mode(0o777)).unwrap();
+    let jobs = open_cfg(config(&path, 0o600), 100, 1);
+    assert_eq!((mode(&file), mode(file.parent().unwrap())), (0o600, 0o700));
+    assert_eq!(load(&jobs, &[0]).1[0], data(0));
+    // A group's directory with set-group-ID: what the tier creates in it stays the group's.
+    let shared = d.0.join("shared");
+    fs::create_dir_all(&shared).unwrap();
+    std::os::unix::fs::chown(&shared, None, Some(4321)).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o2770)).unwrap();
+    let jobs = open_cfg(config(&shared, 0o660), 100, 1);
+    assert_eq!(store(&jobs, &[1]), vec![OK]);
+    use std::os::unix::fs::MetadataExt;
+    for p in tree(jobs.tier().dir()) {
+        let want = if p.is_dir() { 0o2770 } else { 0o660 };
+        assert_eq!(
+            (mode(&p), fs::metadata(&p).unwrap().gid()),
+            (want, 4321),
+            "{p:?}"
+        );
+    }
 }
 
 #[test]
@@ -175,6 +193,20 @@ fn a_directory_other_users_may_write_is_refused_with_one_clear_line() {
     fs::remove_dir_all(&ns_dir).unwrap();
     symlink(&world, &ns_dir).unwrap();
     assert!(refused(&linked, 0o600).contains("not a directory of its own"));
+    // Owned by another user (not root): refused, unless the engines share a group.
+    let theirs = d.0.join("theirs");
+    fs::create_dir_all(&theirs).unwrap();
+    fs::set_permissions(&theirs, fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+    assert!(refused(&theirs, 0o600).contains("is owned by uid 65534"));
+    // A read-only mount nobody can write: taken, whatever its modes.
+    let ro = d.0.join("ro");
+    fs::create_dir_all(&ro).unwrap();
+    if let Some(_mount) = common::mount::Mount::read_only(&world, &ro) {
+        let mut cfg = config(&ro, 0o600);
+        cfg.read_only = true;
+        assert!(DiskJobs::open(cfg, NS, 100 * FILE, 1).is_ok());
+    }
     // A mode that would give other users the files: refused before anything is made.
     let m = refused(&d.0.join("bad-mode"), 0o644);
     assert!(m.contains("file_mode=0644 is not allowed"), "{m}");

@@ -33,7 +33,8 @@ impl TlsConfig {
     }
 }
 
-#[derive(Clone, Debug)]
+/// Its `Debug` shows the url with its password masked.
+#[derive(Clone)]
 pub struct Config {
     /// `redis://...`, `rediss://...` or `unix://...`, see [`crate::url`].
     pub url: String,
@@ -63,6 +64,20 @@ pub struct Config {
     /// environment variable; read at start-up and again when the server refuses it.
     pub password_file: Option<PathBuf>,
     pub password_env: Option<String>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("url", &crate::url::mask(&self.url))
+            .field("chunk_bytes", &self.chunk_bytes)
+            .field("connections", &self.connections)
+            .field("tls", &self.tls)
+            .field("cluster", &self.cluster)
+            .field("password_file", &self.password_file)
+            .field("password_env", &self.password_env)
+            .finish_non_exhaustive()
+    }
 }
 
 pub const MAX_CHUNK_BYTES: usize = 256 << 20;

@@ -255,15 +255,28 @@ impl Conn {
     /// TLS. Credentials the server refuses are read again from their file or variable (a
     /// rotated secret), and tried once more if they changed.
     pub fn connect_to(target: &Target, endpoint: &Endpoint, deadline: Instant) -> Result<Conn> {
-        match Conn::connect_once(target, endpoint, deadline) {
-            Err(RemoteError::Auth(_)) if target.creds.reread() => {
-                Conn::connect_once(target, endpoint, deadline)
+        let tried = target.creds.password();
+        match Conn::connect_once(target, endpoint, deadline, tried.as_deref()) {
+            // Another connection may have read the new one meanwhile: retried whenever the
+            // password now differs from the one refused.
+            Err(RemoteError::Auth(e)) => {
+                target.creds.reread();
+                let now = target.creds.password();
+                if now == tried {
+                    return Err(RemoteError::Auth(e));
+                }
+                Conn::connect_once(target, endpoint, deadline, now.as_deref())
             }
             other => other,
         }
     }
 
-    fn connect_once(target: &Target, endpoint: &Endpoint, deadline: Instant) -> Result<Conn> {
+    fn connect_once(
+        target: &Target,
+        endpoint: &Endpoint,
+        deadline: Instant,
+        password: Option<&str>,
+    ) -> Result<Conn> {
         let url = &target.url;
         let socket = match (open(endpoint, deadline)?, &target.tls) {
             (TcpOrUnix::Tcp(s), Some(tls)) => handshake(s, endpoint, tls, deadline)?,
@@ -277,8 +290,7 @@ impl Conn {
         };
         let mut p = Pipeline::new();
         let mut steps = Vec::new();
-        let password = target.creds.password();
-        if let Some(pass) = &password {
+        if let Some(pass) = password {
             match target.creds.username() {
                 Some(user) => p.command(3).arg(b"AUTH").arg(user.as_bytes()),
                 None => p.command(2).arg(b"AUTH"),

@@ -71,21 +71,15 @@ impl Credentials {
             .clone()
     }
 
-    /// Reads the file or the variable again (the server refused the password): whether it
-    /// holds another one now. One that cannot be read leaves the last.
-    pub fn reread(&self) -> bool {
+    /// Reads the file or the variable again (the server refused the password). One that
+    /// cannot be read leaves the last.
+    pub fn reread(&self) {
         if matches!(self.source, Source::Url) {
-            return false;
+            return;
         }
-        let Ok(new) = read(&self.source) else {
-            return false;
-        };
-        let mut current = self.password.lock().unwrap_or_else(|p| p.into_inner());
-        if current.as_deref() == Some(new.as_str()) {
-            return false;
+        if let Ok(new) = read(&self.source) {
+            *self.password.lock().unwrap_or_else(|p| p.into_inner()) = Some(new);
         }
-        *current = Some(new);
-        true
     }
 
     /// Where the password comes from, for messages (never the password).
@@ -117,7 +111,8 @@ fn read(source: &Source) -> Result<String> {
             (text, what)
         }
     };
-    // A file written by `echo` ends in a newline that is not the password's.
+    // A file written by `echo` ends in a newline that is not the password's (trailing newlines
+    // and carriage returns are never part of it).
     let password = text.trim_end_matches(['\n', '\r']);
     if password.is_empty() {
         return Err(RemoteError::Config(format!("{what}: it is empty")));

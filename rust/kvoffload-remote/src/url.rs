@@ -21,7 +21,8 @@ impl std::fmt::Display for Endpoint {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Its `Debug` shows no password.
+#[derive(Clone, PartialEq, Eq)]
 pub struct ServerUrl {
     pub endpoint: Endpoint,
     pub username: Option<String>,
@@ -42,10 +43,11 @@ pub fn mask(url: &str) -> String {
     let masked = match url.split_once("://") {
         // A unix socket path may hold an `@`; its password is only ever in the query.
         Some((scheme, rest)) if scheme != "unix" => match rest.rsplit_once('@') {
-            Some((auth, tail)) => {
-                let user = auth.split_once(':').map_or("", |(u, _)| u);
-                format!("{scheme}://{user}:***@{tail}")
-            }
+            // A user alone (its password in password_file or password_env) has nothing to hide.
+            Some((auth, tail)) => match auth.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{tail}"),
+                None => url.to_string(),
+            },
             None => url.to_string(),
         },
         _ => url.to_string(),
@@ -53,19 +55,21 @@ pub fn mask(url: &str) -> String {
     mask_query(&masked)
 }
 
-/// Every `password=` value of a query string replaced.
+/// Every query parameter's value replaced but `db`'s and the user's (a password, or a misspelt
+/// name for one).
 fn mask_query(url: &str) -> String {
-    const P: &str = "password=";
-    let mut out = String::with_capacity(url.len());
-    let mut rest = url;
-    while let Some(i) = rest.find(P) {
-        out.push_str(&rest[..i + P.len()]);
-        out.push_str("***");
-        rest = &rest[i + P.len()..];
-        rest = &rest[rest.find('&').unwrap_or(rest.len())..];
-    }
-    out.push_str(rest);
-    out
+    let Some((head, query)) = url.split_once('?') else {
+        return url.to_string();
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name @ ("db" | "user" | "username"), v)) => format!("{name}={v}"),
+            Some((name, _)) => format!("{name}=***"),
+            None => pair.to_string(),
+        })
+        .collect();
+    format!("{head}?{}", pairs.join("&"))
 }
 
 fn bad(url: &str, why: &str) -> RemoteError {
@@ -103,6 +107,19 @@ fn parse_db(url: &str, s: &str) -> Result<u32> {
                 &format!("database {s:?} is not an integer in 0..65536"),
             )
         })
+}
+
+impl std::fmt::Debug for ServerUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerUrl")
+            .field("endpoint", &self.endpoint)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("db", &self.db)
+            .field("tls", &self.tls)
+            .field("seeds", &self.seeds)
+            .finish()
+    }
 }
 
 pub fn parse(url: &str) -> Result<ServerUrl> {
@@ -213,9 +230,10 @@ fn parse_unix(url: &str, rest: &str) -> Result<ServerUrl> {
                     url,
                     &format!(
                         "unknown query parameter {:?} (allowed: db, password, user)",
-                        mask(pair)
+                        // Its name only: a misspelt password parameter holds a password.
+                        pair.split_once('=').map_or(pair, |(name, _)| name)
                     ),
-                ))
+                ));
             }
         }
     }
@@ -325,6 +343,23 @@ mod tests {
         assert_eq!(mask(url), "redis://u:***@127.0.0.1:1/0");
         assert_eq!(mask("redis://:a@b@c@h"), "redis://:***@h");
         assert_eq!(mask("valkey://h:1"), "valkey://h:1");
+        // A user alone (its password in a file): shown as it is.
+        assert_eq!(
+            mask("rediss://kvoffload@h:6380"),
+            "rediss://kvoffload@h:6380"
+        );
+        let u = parse("rediss://kvoffload@h:6380").unwrap();
+        assert_eq!(
+            (u.username.as_deref(), u.password),
+            (Some("kvoffload"), None)
+        );
+        assert!(parse("redis://@h:1").is_err());
+        // Debug of a parsed url never shows the password.
+        let u = parse("redis://u:s3cret@h:1").unwrap();
+        assert!(!format!("{u:?}").contains("s3cret"));
+        // A misspelt password parameter is named, never echoed.
+        let e = parse("unix:///s?pass=s3cret").unwrap_err().to_string();
+        assert!(e.contains("\"pass\"") && !e.contains("s3cret"), "{e}");
         let msg = parse("redis://u:p@ss@h:x").unwrap_err().to_string();
         assert!(!msg.contains("ss@"), "{msg}");
     }
