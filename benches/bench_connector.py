@@ -147,12 +147,14 @@ class HookClock:
     """Garbage-collection pauses inside the hooks (counted in `seconds` too). A collection runs
     in whichever code allocates when one is due, most of the garbage being the engine's and the
     rig's, so they move between hooks and runs."""
+    timer: Callable[[], float] = time.perf_counter
+    """Wall time by default; `time.thread_time` counts only the scheduler thread's own CPU."""
     _depth: int = 0
     _gc_start: float = 0.0
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = self.timer()
             self._depth += 1
             try:
                 out = fn(*args, **kwargs)
@@ -160,7 +162,7 @@ class HookClock:
                     out = list(out)  # a generator does its work when consumed
             finally:
                 self._depth -= 1
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            self.seconds[name] = self.seconds.get(name, 0.0) + self.timer() - start
             self.calls[name] = self.calls.get(name, 0) + 1
             return out
 
@@ -171,9 +173,9 @@ class HookClock:
         if not self._depth:
             return
         if phase == "start":
-            self._gc_start = time.perf_counter()
+            self._gc_start = self.timer()
         else:
-            self.gc_seconds += time.perf_counter() - self._gc_start
+            self.gc_seconds += self.timer() - self._gc_start
 
     @property
     def total(self) -> float:

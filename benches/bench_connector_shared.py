@@ -65,11 +65,13 @@ def tier_entry(connector: str, where: str) -> dict[str, Any]:
     return tier
 
 
-def engine(connector: str, where: str, model_dir: str, cpu_chunks: int) -> Any:
-    extra: dict[str, Any] = {"secondary_tiers": [tier_entry(connector, where)]}
+def bench_rig(model_dir: str, connector: str, tier: dict[str, Any], cpu_chunks: int) -> Any:
+    """An engine of these benchmarks with one secondary tier: through our connector, or
+    (`connector="vllm"`) through vLLM's tiering; copies complete at once, bytes unchecked."""
+    extra: dict[str, Any] = {"secondary_tiers": [tier]}
     if connector == "vllm":
         extra["spec_name"] = "TieringOffloadingSpec"
-    rig = make_rig(
+    return make_rig(
         model_dir,
         connector=connector,
         extra=extra,
@@ -83,6 +85,10 @@ def engine(connector: str, where: str, model_dir: str, cpu_chunks: int) -> Any:
         verify=False,
         max_model_len=20_000,
     )
+
+
+def engine(connector: str, where: str, model_dir: str, cpu_chunks: int) -> Any:
+    rig = bench_rig(model_dir, connector, tier_entry(connector, where), cpu_chunks)
     if connector == "kvoffload":
         # The disk's start-up scan runs beside the engine; engine 2 must see engine 1's files.
         while not all(d.scanned for d in rig.connector._sched()._disk_lookups):

@@ -21,7 +21,6 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 pytest.importorskip("vllm.config", reason="vLLM is not installed (`make test` installs it)")
 
-from rig import NoCopyWorker, make_rig, write_model_dir
+from rig import write_model_dir
 
 from bench_connector import HookClock
-from bench_connector_shared import TPB, serve_trace
+from bench_connector_shared import bench_rig, serve_trace
 
 NAMESPACE = "bench@probes"
 PROBE_HOOKS = ("get_num_new_matched_tokens", "build_connector_meta")
@@ -59,57 +58,16 @@ def engine(seam: str, path: str, probes: int, model_dir: str) -> Any:
         "namespace": NAMESPACE,
         "probes_per_step": probes,
     }
-    extra: dict[str, Any] = {"secondary_tiers": [tier]}
-    connector = "kvoffload"
     if seam == "tiering":
         tier["module_path"] = "kvoffload.vllm"
-        extra["spec_name"] = "TieringOffloadingSpec"
-        connector = "vllm"
-    return make_rig(
-        model_dir,
-        connector=connector,
-        extra=extra,
-        vllm_worker=NoCopyWorker,
-        tokens_per_block=TPB,
-        chunk_tokens=TPB,
-        cpu_chunks=16384,
-        num_gpu_blocks=2048,
-        max_num_batched_tokens=4096,
-        max_num_seqs=8,
-        verify=False,
-        max_model_len=20_000,
-    )
-
-
-class CpuClock(HookClock):
-    """The scheduler thread's own CPU time in each hook (`time.thread_time`): what a hook costs,
-    without the time the thread waited for a core (two here, shared with the tier's I/O threads
-    and every other process), which moved the wall-clock figures by about 15% between runs."""
-
-    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.thread_time()
-            self._depth += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._depth -= 1
-                self.seconds[name] = self.seconds.get(name, 0.0) + time.thread_time() - start
-                self.calls[name] = self.calls.get(name, 0) + 1
-
-        return timed
-
-    def on_gc(self, phase: str, info: dict[str, int]) -> None:
-        if not self._depth:
-            return
-        if phase == "start":
-            self._gc_start = time.thread_time()
-        else:
-            self.gc_seconds += time.thread_time() - self._gc_start
+    return bench_rig(model_dir, "vllm" if seam == "tiering" else "kvoffload", tier, 16384)
 
 
 def run(seam: str, probes: int, trace: list, model_dir: str, path: str) -> dict[str, Any]:
-    clock = CpuClock()
+    # The scheduler thread's own CPU time in each hook: not the time it waited for a core (two
+    # here, shared with the tier's I/O threads and every other process), which moved the
+    # wall-clock figures by about 15% between runs.
+    clock = HookClock(timer=time.thread_time)
     rig = engine(seam, path, probes, model_dir)
     # Collections that land in a hook are the engine's and the rig's garbage, not the lookup's:
     # timed and left out.

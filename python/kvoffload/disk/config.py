@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,29 @@ def file_bytes(chunk_bytes: int) -> int:
 
 
 """How long a shutdown waits for the disk I/O in flight (a hung mount fails it then)."""
+
+
+def _checked(
+    entry: Mapping[str, Any], key: str, default: Any, ok: Callable[[Any], bool], expected: str
+) -> Any:
+    """`entry[key]` (or `default`), or a `ConfigError` naming the key, the value and `expected`."""
+    value = entry.get(key, default)
+    if not ok(value):
+        raise ConfigError(f"DiskTier {key}={value!r} is invalid: {expected}")
+    return value
+
+
+def _int_in(low: int, high: int) -> Callable[[Any], bool]:
+    return lambda v: type(v) is int and low <= v <= high
+
+
+def _seconds_in(low: float, high: float) -> Callable[[Any], bool]:
+    # NaN fails the comparison, so it is refused too.
+    return lambda v: type(v) in (int, float) and low <= v <= high
+
+
+def _is_bool(value: Any) -> bool:
+    return type(value) is bool
 
 
 _FILE_MODES = {"0600": 0o600, "0640": 0o640, "0660": 0o660}
@@ -96,56 +119,60 @@ class DiskTierConfig:
                 f"DiskTier direct_io={direct!r} is invalid; allowed: "
                 f"{', '.join(map(repr, _DIRECT_IO))}"
             )
-        threads = entry.get("io_threads", 8)
-        if type(threads) is not int or not 1 <= threads <= 256:
-            raise ConfigError(
-                f"DiskTier io_threads={threads!r} is invalid: expected an int in [1, 256]"
-            )
-        rescan = entry.get("rescan_interval_s", 10.0)
-        if type(rescan) not in (int, float) or not 0 <= rescan <= 86400:
-            raise ConfigError(
-                f"DiskTier rescan_interval_s={rescan!r} is invalid: expected seconds in "
-                "[0, 86400] (0: only at start-up)"
-            )
-        max_store = entry.get("max_store_bytes_in_flight", 1 << 30)
-        if type(max_store) is not int or not 1 <= max_store <= 1 << 40:
-            raise ConfigError(
-                f"DiskTier max_store_bytes_in_flight={max_store!r} is invalid: expected an int "
-                "in [1, 2**40] (stores past it are dropped, never queued)"
-            )
-        failures = entry.get("breaker_failures", 3)
-        if type(failures) is not int or not 1 <= failures <= 1000:
-            raise ConfigError(
-                f"DiskTier breaker_failures={failures!r} is invalid: expected an int in [1, 1000] "
-                "(I/O failures in a row that mark the disk down)"
-            )
-        cooldown = entry.get("breaker_cooldown_s", 10.0)
-        if type(cooldown) not in (int, float) or not 0.01 <= cooldown <= 3600:
-            raise ConfigError(
-                f"DiskTier breaker_cooldown_s={cooldown!r} is invalid: expected seconds in "
-                "[0.01, 3600] (how long a failing disk is left alone before a probe)"
-            )
-        events = entry.get("enable_kv_events", False)
-        if type(events) is not bool:
-            raise ConfigError(f"DiskTier enable_kv_events={events!r} is invalid: true or false")
-        read_only = entry.get("read_only", False)
-        if type(read_only) is not bool:
-            raise ConfigError(
-                f"DiskTier read_only={read_only!r} is invalid: true (serve the directory, never "
-                "write it) or false"
-            )
-        probes = entry.get("probes_per_step", 64)
-        if type(probes) is not int or not 0 <= probes <= 100_000:
-            raise ConfigError(
-                f"DiskTier probes_per_step={probes!r} is invalid: expected an int in [0, 100000] "
-                "(lookups per step that may look for other engines' new files; 0: none)"
-            )
-        miss_ttl = entry.get("probe_miss_ttl_s", 1.0)
-        if type(miss_ttl) not in (int, float) or not 0 <= miss_ttl <= 3600:
-            raise ConfigError(
-                f"DiskTier probe_miss_ttl_s={miss_ttl!r} is invalid: expected seconds in "
-                "[0, 3600] (how long a file a probe did not find is a miss without looking again)"
-            )
+        threads = _checked(entry, "io_threads", 8, _int_in(1, 256), "expected an int in [1, 256]")
+        rescan = _checked(
+            entry,
+            "rescan_interval_s",
+            10.0,
+            _seconds_in(0, 86400),
+            "expected seconds in [0, 86400] (0: only at start-up)",
+        )
+        max_store = _checked(
+            entry,
+            "max_store_bytes_in_flight",
+            1 << 30,
+            _int_in(1, 1 << 40),
+            "expected an int in [1, 2**40] (stores past it are dropped, never queued)",
+        )
+        failures = _checked(
+            entry,
+            "breaker_failures",
+            3,
+            _int_in(1, 1000),
+            "expected an int in [1, 1000] (I/O failures in a row that mark the disk down)",
+        )
+        cooldown = _checked(
+            entry,
+            "breaker_cooldown_s",
+            10.0,
+            _seconds_in(0.01, 3600),
+            "expected seconds in [0.01, 3600] (how long a failing disk is left alone before a "
+            "probe)",
+        )
+        events = _checked(entry, "enable_kv_events", False, _is_bool, "true or false")
+        read_only = _checked(
+            entry,
+            "read_only",
+            False,
+            _is_bool,
+            "true (serve the directory, never write it) or false",
+        )
+        probes = _checked(
+            entry,
+            "probes_per_step",
+            64,
+            _int_in(0, 100_000),
+            "expected an int in [0, 100000] (lookups per step that may look for other engines' "
+            "new files; 0: none)",
+        )
+        miss_ttl = _checked(
+            entry,
+            "probe_miss_ttl_s",
+            1.0,
+            _seconds_in(0, 3600),
+            "expected seconds in [0, 3600] (how long a file a probe did not find is a miss "
+            "without looking again)",
+        )
         mode = _file_mode(entry.get("file_mode", "0600"))
         return cls(
             path,

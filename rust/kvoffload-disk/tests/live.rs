@@ -198,18 +198,36 @@ fn an_empty_directory_on_a_full_filesystem_opens_and_learns_o_direct_at_its_firs
     assert_eq!(load(&jobs, &[1]).1[0], data(1));
 }
 
-#[test]
-fn a_read_only_mount_serves_reads_and_never_tries_writes_in_a_loop() {
-    let d = TempDir::new("ro");
-    let src = d.0.join("src");
-    let ro = d.0.join("ro");
+/// A cache a writer filled with `ids`, mounted read-only beside it (fields drop in order: the
+/// writer, then the mount, then the directory).
+struct ReadOnlyCache {
+    writer: DiskJobs,
+    ro: std::path::PathBuf,
+    _mount: Mount,
+    dir: TempDir,
+}
+
+fn read_only_cache(tag: &str, ids: &[u32]) -> Option<ReadOnlyCache> {
+    let dir = TempDir::new(tag);
+    let (src, ro) = (dir.0.join("src"), dir.0.join("ro"));
     fs::create_dir_all(&ro).unwrap();
     let writer = open_cfg(defaults(&src), 100, 2);
-    assert_eq!(store(&writer, &[0, 1, 2]), vec![OK; 3]);
-    let Some(_mount) = Mount::read_only(&src, &ro) else {
+    assert_eq!(store(&writer, ids), vec![OK; ids.len()]);
+    let mount = Mount::read_only(&src, &ro)?;
+    Some(ReadOnlyCache {
+        writer,
+        ro,
+        _mount: mount,
+        dir,
+    })
+}
+
+#[test]
+fn a_read_only_mount_serves_reads_and_never_tries_writes_in_a_loop() {
+    let Some(cache) = read_only_cache("ro", &[0, 1, 2]) else {
         return;
     };
-    let jobs = open_cfg(defaults(&ro), 100, 2);
+    let jobs = open_cfg(defaults(&cache.ro), 100, 2);
     assert_eq!(jobs.lookup(&refs(&keys(0..3)), "r"), (3, false));
     let (st, bufs) = load(&jobs, &[0, 1, 2]);
     assert_eq!(st, vec![OK; 3]);
@@ -224,7 +242,7 @@ fn a_read_only_mount_serves_reads_and_never_tries_writes_in_a_loop() {
     assert_eq!((s.store_failures, s.stores_read_only), (1, 11));
     assert_eq!(jobs.state(), BreakerState::Up);
     // A chunk another engine writes through a writable path is found by a probe.
-    assert_eq!(store(&writer, &[3]), vec![OK]);
+    assert_eq!(store(&cache.writer, &[3]), vec![OK]);
     assert_eq!(jobs.lookup(&refs(&keys(0..4)), "s"), (3, true));
     end_step(&jobs);
     assert_eq!(jobs.lookup(&refs(&keys(0..4)), "s"), (4, false));
@@ -233,16 +251,10 @@ fn a_read_only_mount_serves_reads_and_never_tries_writes_in_a_loop() {
 
 #[test]
 fn read_only_says_so_up_front_and_an_unwritable_empty_mount_opens() {
-    let d = TempDir::new("ro-config");
-    let src = d.0.join("src");
-    let ro = d.0.join("ro");
-    fs::create_dir_all(&ro).unwrap();
-    let writer = open_cfg(defaults(&src), 100, 1);
-    assert_eq!(store(&writer, &[0]), vec![OK]);
-    let Some(_mount) = Mount::read_only(&src, &ro) else {
+    let Some(cache) = read_only_cache("ro-config", &[0]) else {
         return;
     };
-    let mut cfg = defaults(&ro);
+    let mut cfg = defaults(&cache.ro);
     cfg.read_only = true;
     let jobs = open_cfg(cfg, 100, 1);
     assert!(jobs.tier().notes().is_empty());
@@ -257,8 +269,8 @@ fn read_only_says_so_up_front_and_an_unwritable_empty_mount_opens() {
     assert_eq!((s.store_failures, s.stores_read_only), (0, 1));
     assert_eq!(load(&jobs, &[0]).1[0], data(0));
     // A read-only mount whose namespace directory was never made: it opens, empty.
-    let empty_src = d.0.join("empty");
-    let empty_ro = d.0.join("empty-ro");
+    let empty_src = cache.dir.0.join("empty");
+    let empty_ro = cache.dir.0.join("empty-ro");
     fs::create_dir_all(&empty_src).unwrap();
     fs::create_dir_all(&empty_ro).unwrap();
     let Some(_empty) = Mount::read_only(&empty_src, &empty_ro) else {

@@ -6,37 +6,14 @@
 
 mod common;
 
-use common::jobs::{data, key, load, open_cfg, store, CHUNK, FILE, NS};
+use common::jobs::{data, key, load, open_cfg, store, FILE, NS};
+use common::files::{config, mode, tree};
 use common::TempDir;
-use kvoffload_disk::{DiskConfig, DiskError, DiskJobs};
+use kvoffload_disk::{DiskError, DiskJobs};
 use kvoffload_format::status::{MISSING, OK};
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
-
-fn mode(p: &Path) -> u32 {
-    fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
-}
-
-/// Every file and directory under `root`, itself included.
-fn tree(root: &Path) -> Vec<PathBuf> {
-    let mut out = vec![root.to_path_buf()];
-    for entry in fs::read_dir(root).unwrap().flatten() {
-        let p = entry.path();
-        if entry.file_type().unwrap().is_dir() {
-            out.extend(tree(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
-}
-
-fn config(path: &Path, file_mode: u32) -> DiskConfig {
-    let mut cfg = DiskConfig::new(path, CHUNK);
-    cfg.file_mode = file_mode;
-    cfg
-}
 
 /// Copies chunk `i`'s file (a whole, valid one) out of `jobs`'s directory to `to`.
 fn copy_of(jobs: &DiskJobs, i: u32, to: &Path) -> PathBuf {

@@ -3,37 +3,10 @@
 
 mod common;
 
-use common::jobs::{open_cfg, store, CHUNK};
+use common::files::{config, mode, tree};
+use common::jobs::{open_cfg, store};
 use common::TempDir;
-use kvoffload_disk::DiskConfig;
 use kvoffload_format::status::OK;
-use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-
-fn mode(p: &Path) -> u32 {
-    fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
-}
-
-/// Every file and directory under `root`, itself included.
-fn tree(root: &Path) -> Vec<PathBuf> {
-    let mut out = vec![root.to_path_buf()];
-    for entry in fs::read_dir(root).unwrap().flatten() {
-        let p = entry.path();
-        if entry.file_type().unwrap().is_dir() {
-            out.extend(tree(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
-}
-
-fn config(path: &Path, file_mode: u32) -> DiskConfig {
-    let mut cfg = DiskConfig::new(path, CHUNK);
-    cfg.file_mode = file_mode;
-    cfg
-}
 
 #[test]
 fn files_and_directories_get_file_modes_mode_under_a_permissive_umask() {

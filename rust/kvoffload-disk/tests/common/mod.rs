@@ -1,6 +1,7 @@
 //! What the disk tier's tests share (each test file uses some of it).
 #![allow(dead_code)]
 
+pub mod files;
 pub mod jobs;
 pub mod mount;
 
