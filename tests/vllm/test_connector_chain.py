@@ -296,9 +296,14 @@ def test_engines_sharing_a_directory_hold_its_capacity_together(model_dir, tmp_p
     # Rescans every 0.1 s (the default is 10 s) so that the test does not wait for them.
     entry = disk(tmp_path / "shared", capacity_bytes=6 * chunk_file, rescan_interval_s=0.1)
     one, two = engine(model_dir, entry), engine(model_dir, entry)
+    # A replica with the shipped defaults, running since before the writes.
+    defaults = engine(model_dir, disk(tmp_path / "shared", capacity_bytes=6 * chunk_file))
     for i in range(4):
         serve(one, f"a{i}", prompt(50 + i, 36))  # 3 chunks each: 12 from each engine
         serve(two, f"b{i}", prompt(70 + i, 36))
+    # It asks right after the last write, before any rescan of its own: a hit.
+    assert serve(defaults, "d", prompt(73, 36)) == 36
+    assert defaults.checked_positions["d"] >= 36
     time.sleep(0.5)  # a few rescans: each engine sees the other's files, and evicts
     assert len(files(tmp_path / "shared")) <= 6 + 2  # within one chunk per engine
     # The most recent chunks are still there, and a restarted engine loads them.

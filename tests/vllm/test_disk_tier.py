@@ -82,8 +82,23 @@ def test_engine_two_loads_what_engine_one_stored_in_one_directory(model_dir, tmp
 
 
 def test_running_engines_sharing_a_directory_find_each_others_chunks(model_dir, tmp_path):
-    # Both engines run from the start: engine 2 finds engine 1's chunks at its next rescan
-    # (0.1 s here instead of the default 10 s, so the test does not wait).
+    # Both engines run from the start, with the shipped defaults: engine 2 asks right after
+    # engine 1 stored, its next rescan 10 s away.
+    one = engine(model_dir, tmp_path)
+    two = engine(model_dir, tmp_path)
+    serve(one, "a", PROMPT)
+    settle(one)
+    (disk,) = tiers(two)
+    assert disk.stats()["chunks"] == 0  # nothing in its index yet
+    assert serve(two, "b", PROMPT) == 60
+    assert two.checked_positions["b"] >= 60
+    assert disk.stats()["probe_hits"] == 5  # found by looking for the files, not a rescan
+
+
+def test_a_rescan_takes_in_what_other_engines_wrote(model_dir, tmp_path):
+    # What a rescan does beside the lookups' probes: engine 2's index (its capacity's
+    # bookkeeping) takes in engine 1's chunks without anybody asking. Every 0.1 s here instead
+    # of the default 10 s, so that the test does not wait.
     one = engine(model_dir, tmp_path, rescan_interval_s=0.1)
     two = engine(model_dir, tmp_path, rescan_interval_s=0.1)
     serve(one, "a", PROMPT)
@@ -94,7 +109,7 @@ def test_running_engines_sharing_a_directory_find_each_others_chunks(model_dir, 
         assert time.monotonic() < deadline, "engine 2 never found engine 1's chunks"
         time.sleep(0.02)
     assert serve(two, "b", PROMPT) == 60
-    assert two.checked_positions["b"] >= 60
+    assert disk.stats()["probe_hits"] == 0
 
 
 def test_a_restarted_engine_serves_what_the_last_one_stored(model_dir, tmp_path):

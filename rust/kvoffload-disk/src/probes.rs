@@ -103,7 +103,7 @@ impl Probes {
 
     /// A key of `request` was in the index (asked key by key).
     pub fn hit(&mut self, request: &str) {
-        if self.per_step > 0 && !self.asked.contains_key(request) {
+        if !self.asked.contains_key(request) {
             self.asked.insert(request.to_owned(), Asked::Hit);
         }
     }
@@ -111,9 +111,6 @@ impl Probes {
     /// `rest` (non-empty) are the keys of `request`'s lookup from the first the index lacks:
     /// the rest of its prompt, or (`by_key`) the one key asked.
     pub fn ask(&mut self, rest: &[&[u8]], request: &str, by_key: bool, now: Instant) -> Verdict {
-        if self.per_step == 0 {
-            return Verdict::Miss;
-        }
         let before = self.asked.get(request).copied();
         match before {
             // Key by key, the next key joins; the rest of a prompt was given whole already.

@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::jobs::{data, key, load, open_cfg, store, FILE, NS};
 use common::files::{config, mode, tree};
+use common::jobs::{data, key, load, open_cfg, store, FILE, NS};
 use common::TempDir;
 use kvoffload_disk::{DiskError, DiskJobs};
 use kvoffload_format::status::{MISSING, OK};
