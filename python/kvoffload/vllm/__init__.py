@@ -1,4 +1,4 @@
-"""vLLM 0.33 adapters: the only part of kvoffload that imports vllm.
+"""vLLM adapters (0.32 and 0.33): the only part of kvoffload that imports vllm.
 
 Two seams, both named in `--kv-transfer-config`: `KVOffloadConnector` (our connector end to end:
 `{"kv_connector": "KVOffloadConnector", "kv_connector_module_path": "kvoffload.vllm", ...}`) and
@@ -14,7 +14,12 @@ it (`{"type": "DiskTier", "module_path": "kvoffload.vllm", "path": ..., "capacit
 try:
     import vllm.distributed.kv_transfer.kv_connector.v1.base  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("kvoffload.vllm needs vLLM 0.33: pip install 'kvoffload[vllm]'") from exc
+    raise ImportError("kvoffload.vllm needs vLLM: pip install 'kvoffload[vllm]'") from exc
+
+from kvoffload.vllm.compat import check_version
+
+check_version()
+
 
 from kvoffload.vllm.connector import KVOffloadConnector
 from kvoffload.vllm.disk_tier import DiskTier

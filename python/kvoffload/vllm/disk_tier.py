@@ -30,10 +30,10 @@ from vllm.v1.kv_offload.base import (
     ScheduleEndContext,
 )
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
-from vllm.v1.kv_offload.tiering.base import TIER_LABEL
 
 from kvoffload.disk import DISK_COUNTERS, DISK_GAUGES, DiskClient, DiskReport, DiskTierConfig
 from kvoffload.vllm.chunk_tier import ChunkTier, identity_of
+from kvoffload.vllm.compat import TIER_LABEL
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec

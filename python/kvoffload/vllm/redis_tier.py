@@ -28,9 +28,6 @@ from vllm.v1.kv_offload.base import (
     ScheduleEndContext,
 )
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
-from vllm.v1.kv_offload.tiering.base import (
-    TIER_LABEL,
-)
 
 from kvoffload.remote import (
     NODE_COUNTERS,
@@ -42,6 +39,7 @@ from kvoffload.remote import (
     SeedCanary,
 )
 from kvoffload.vllm.chunk_tier import ChunkTier, identity_of
+from kvoffload.vllm.compat import TIER_LABEL
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec

@@ -7,7 +7,6 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
-from vllm.distributed.kv_transfer.kv_connector.utils import yield_req_data
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 from vllm.v1.request import RequestStatus
@@ -25,6 +24,7 @@ from kvoffload.scheduler import (
 )
 from kvoffload.scheduler.shared_tier import Lookups
 from kvoffload.store import StoreEvent
+from kvoffload.vllm.compat import request_blocks
 from kvoffload.vllm.metadata import (
     KVOffloadHandshakeMetadata,
     KVOffloadMetadata,
@@ -193,7 +193,7 @@ class SchedulerSide:
                 flush.extend(self.scheduler.preempt_request(rid))
         self._allocated = set()
         # Requests in vLLM's order (running, then new), so that the store decides as vLLM's does.
-        blocks = {rid: (g, full) for rid, g, full in yield_req_data(scheduler_output)}
+        blocks = {rid: (g, full) for rid, g, full in request_blocks(scheduler_output)}
         allocated, self._allocated_blocks = self._allocated_blocks, BlockSet()
         updates = []
         for rid, num_scheduled in scheduler_output.num_scheduled_tokens.items():

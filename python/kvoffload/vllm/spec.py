@@ -18,12 +18,13 @@ from vllm.v1.kv_offload.base import (
     OffloadingWorker,
 )
 from vllm.v1.kv_offload.config import OffloadingConfig
-from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo, CPUOffloadingMetrics
+from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from kvoffload.errors import ConfigError, NotSupportedError
 from kvoffload.scheduler import OffloadConfig
 from kvoffload.transfer.progress import PoolProgress
+from kvoffload.vllm.compat import cpu_config_info, cpu_config_info_keys
 from kvoffload.vllm.logs import log_beside_vllm
 from kvoffload.vllm.pinning import Pinning
 from kvoffload.vllm.spec_manager import KVOffloadManager
@@ -69,7 +70,7 @@ class KVOffloadSpec(OffloadingSpec):
 
     @classmethod
     def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
-        return CPUOffloadingInfo.config_info_keys()
+        return cpu_config_info_keys()
 
     def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
@@ -127,13 +128,12 @@ class KVOffloadSpec(OffloadingSpec):
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
-            info = CPUOffloadingInfo.from_config(self.config, self.num_chunks, self.bytes_per_chunk)
             self._manager = KVOffloadManager(
                 self.num_chunks,
                 self.settings.eviction_policy,
                 enable_events=self.kv_events_config.enable_kv_cache_events,
                 num_kv_groups=len(self.config.groups),
-                config_info=info.as_config_info(),
+                config_info=cpu_config_info(self.config, self.num_chunks, self.bytes_per_chunk),
                 progress=self._progress(),
             )
         return self._manager

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import compress
 from typing import cast
 
@@ -19,7 +19,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
 )
 from vllm.v1.kv_offload.base import (
-    ConfigInfoMapping,
     LoadStoreSpec,
     LookupResult,
     Medium,
@@ -35,6 +34,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvoffload.store import CpuStore
 from kvoffload.transfer.progress import PoolProgress
+from kvoffload.vllm.compat import ConfigInfoMapping, failed_store_event
 
 logger = logging.getLogger(__name__)
 
@@ -266,9 +266,13 @@ class KVOffloadManager(OffloadingManager):
             self._resident.difference_update(done)
         if self._events is not None:
             # A failed allocation only releases metadata: never announced as stored.
-            self._events.append(
-                OffloadingEvent(done, Medium.CPU, removed=not success, metadata_only=not success)
+            event = (
+                OffloadingEvent(done, Medium.CPU, removed=False)
+                if success
+                else failed_store_event(done)
             )
+            if event is not None:
+                self._events.append(event)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         state = req_context.get_state(_Access)
@@ -306,12 +310,12 @@ class KVOffloadManager(OffloadingManager):
             return
         events, self._events = self._events, []
         for event in events:
-            if event.metadata_only:
+            if getattr(event, "metadata_only", False):
                 # A retry may hold the key again by now.
                 keys = [key for key in event.keys if key not in self._resident]
                 if not keys:
                     continue
-                event = OffloadingEvent(keys, event.medium, True, metadata_only=True)
+                event = replace(event, keys=keys)
             yield event
 
     def shutdown(self) -> None:
