@@ -68,13 +68,18 @@ docs: build
 test-python: build
 	$(PY) -m pytest tests benches --ignore=tests/e2e --ignore=benches/e2e --benchmark-disable -q
 
-# kvoffload in a real vLLM engine (the CPU build): real forward passes, outputs and KV compared.
+# kvoffload in a real vLLM engine (the CPU build): real forward passes, outputs and KV compared;
+# and its benchmark once, quick, so that it never rots.
 test-e2e: build-e2e
-	$(E2E_PY) -m pytest tests/e2e -q
+	$(E2E_PY) -m pytest tests/e2e benches/e2e -q
+
+# Time to first token from each tier against computed, on the real engine (CPU).
+bench-e2e: build-e2e
+	KVOFFLOAD_BENCH_FULL=1 $(E2E_PY) -m pytest benches/e2e -q -s
 
 # Measures against the baselines in the same run (vLLM's own offloading code among them).
-bench: build
-	$(PY) -m pytest benches -q --benchmark-only --benchmark-columns=min,median,rounds -p no:randomly -s
+bench: build bench-e2e
+	$(PY) -m pytest benches --ignore=benches/e2e -q --benchmark-only --benchmark-columns=min,median,rounds -p no:randomly -s
 
 run: build-ext
 	$(VENV)/bin/kvoffload simulate --compare offload_prompt_only

@@ -8,7 +8,6 @@ build of the main venv.
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -17,21 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from model import build_model, kv_bytes_per_token
+from model import build_model, engine_env, kv_bytes_per_token
 
 HERE = Path(__file__).parent
 BLOCK_SIZE = 32  # the CPU attention backend takes multiples of 32 only
 BLOCK_BYTES = kv_bytes_per_token() * BLOCK_SIZE
 MAX_TOKENS = 8
-
-
-def engine_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # vLLM's CPU backend sizes its KV cache from this (GiB); its default takes most of the
-    # machine's memory, which takes seconds to allocate and leaves nothing for a second engine.
-    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    return env
 
 
 def make_prompts(seed: int = 0) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""A random-weight Llama that needs no download, for the real-engine suite.
+"""A random-weight Llama that needs no download, for the real-engine suite and benchmark.
 
 Two layers, hidden size 128: prefill of a few thousand tokens takes well under a second on two
 cores. `initializer_range` 0.2 (not Llama's 0.02) makes the logits spread wide enough that greedy
@@ -10,10 +10,21 @@ prompt of n words is n tokens, with no BOS added.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 VOCAB = 2048
 LAYERS, HIDDEN, HEADS, KV_HEADS = 2, 128, 4, 2
+
+
+def engine_env() -> dict[str, str]:
+    """The environment an engine of the suite runs in."""
+    env = dict(os.environ)
+    # vLLM's CPU backend sizes its KV cache from this (GiB); its default takes most of the
+    # machine's memory, which takes seconds to allocate and leaves nothing for a second engine.
+    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    return env
 
 
 def kv_bytes_per_token() -> int:

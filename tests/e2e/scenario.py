@@ -98,6 +98,20 @@ class KVProbe:
         return out
 
 
+def reset_prefix_cache(llm: Any) -> None:
+    """Resets the device prefix cache once the connector has released every block: a request
+    that finished with stores in flight keeps its blocks until they are reported, and
+    `LLM.generate` returns before the steps that report them (vLLM's engine core keeps stepping
+    for them, a server does). A reset that did not take would leave the second pass hitting the
+    device cache, not kvoffload."""
+    for _ in range(10_000):
+        if llm.reset_prefix_cache():
+            return
+        llm.llm_engine.step()
+        time.sleep(0.001)
+    raise RuntimeError("the prefix cache could not be reset: blocks stay held")
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
@@ -115,7 +129,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         reference_kv = pickle.loads(Path(spec["kv_reference"]).read_bytes())
     for number in range(spec.get("passes", 2)):
         if number:
-            llm.reset_prefix_cache()
+            reset_prefix_cache(llm)
         before = _counters(llm)
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)

@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 import requests
+from model import engine_env
 
-from conftest import BLOCK_SIZE, engine_env, make_prompts
+from conftest import BLOCK_SIZE, make_prompts
 from redis_server import RedisServer
 
 ROOT = Path(__file__).parents[2]
