@@ -18,26 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parents[2] / "tests" / "e2e"))
+
+from scenario import reset_prefix_cache
+
 
 def external_hits(llm: Any) -> float:
     time.sleep(0.2)  # the last step's stats reach the counters with the next one
     return sum(m.value for m in llm.get_metrics() if m.name == "vllm:external_prefix_cache_hits")
-
-
-def reset_prefix_cache(llm: Any) -> None:
-    """Resets the device prefix cache once the connector has released every block.
-
-    A request that finishes in its prefill step keeps its blocks until the connector's stores of
-    its last chunks are reported, which takes engine steps. vLLM's engine core keeps stepping
-    for them, but `LLM.generate` returns as soon as no request is unfinished; so steps are
-    driven here until the reset takes (it refuses while blocks are held).
-    """
-    for _ in range(10_000):
-        if llm.reset_prefix_cache():
-            return
-        llm.llm_engine.step()
-        time.sleep(0.001)
-    raise RuntimeError("the prefix cache could not be reset: blocks stay held")
 
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:

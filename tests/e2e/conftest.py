@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from model import build_model, engine_env, kv_bytes_per_token
+from engine import build_model, engine_env, kv_bytes_per_token, run_logged
 
 HERE = Path(__file__).parent
 BLOCK_SIZE = 32  # the CPU attention backend takes multiples of 32 only
@@ -112,18 +111,14 @@ def run_engine(model: Path, tmp_path_factory: pytest.TempPathFactory) -> RunEngi
             "engine": engine,
         }
         spec_path.write_text(json.dumps(spec))
-        with log_path.open("w") as log:
-            proc = subprocess.run(
-                [sys.executable, str(HERE / "scenario.py"), str(spec_path), str(out_path)],
-                env={**engine_env(), **(env or {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=600,
-                check=False,
-            )
-        if proc.returncode != 0:
+        returncode = run_logged(
+            [sys.executable, str(HERE / "scenario.py"), str(spec_path), str(out_path)],
+            {**engine_env(), **(env or {})},
+            log_path,
+        )
+        if returncode != 0:
             tail = log_path.read_text()[-6000:]
-            pytest.fail(f"engine exited with {proc.returncode}; its log ends:\n{tail}")
+            pytest.fail(f"engine exited with {returncode}; its log ends:\n{tail}")
         result: dict[str, Any] = json.loads(out_path.read_text())
         return result
 

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,20 +21,13 @@ from typing import Any
 
 import pytest
 import requests
-from model import engine_env
+from engine import engine_env
 
 from conftest import BLOCK_SIZE, make_prompts
-from redis_server import RedisServer
+from redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).parents[2]
 MODEL_NAME = "e2e-llama"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Server:
@@ -64,13 +56,19 @@ class Server:
         return text
 
     def reset_prefix_cache(self) -> None:
-        reply = requests.post(f"{self.url}/reset_prefix_cache", timeout=30)
-        assert reply.status_code == 200, reply.text
+        """The reset answers `{"success": false}` while blocks are held (a finished request's
+        last stores still in flight): retried until it takes, or the repeat would hit the
+        device cache, not kvoffload."""
+        deadline = time.monotonic() + 30
+        while True:
+            reply = requests.post(f"{self.url}/reset_prefix_cache", timeout=30)
+            assert reply.status_code == 200, reply.text
+            if reply.json()["success"]:
+                return
+            assert time.monotonic() < deadline, "the prefix cache stayed held for 30 s"
+            time.sleep(0.1)
 
-    def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics, summed over its labels, after the engine's last step has
-        reported (stats reach the front end with the next step, and /metrics once logged)."""
-        time.sleep(1.5)
+    def _scrape(self) -> dict[str, float]:
         text = requests.get(f"{self.url}/metrics", timeout=30).text
         out: dict[str, float] = {}
         for line in text.splitlines():
@@ -79,6 +77,23 @@ class Server:
             name = re.split(r"[{ ]", line, maxsplit=1)[0]
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics, summed over its labels, once two scrapes 0.5 s apart agree
+        on the kvoffload and prefix-cache series (stats reach the front end a step late, and
+        the engine keeps stepping for a finished request's last stores)."""
+
+        def settled(sample: dict[str, float]) -> dict[str, float]:
+            return {k: v for k, v in sample.items() if "kvoffload" in k or "prefix_cache" in k}
+
+        last = self._scrape()
+        for _ in range(40):
+            time.sleep(0.5)
+            now = self._scrape()
+            if settled(now) == settled(last):
+                return now
+            last = now
+        raise AssertionError("/metrics kept changing for 20 s")
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +107,7 @@ def server(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
 
 
 def _serve(model: Path, work: Path, disk: Path, redis: RedisServer) -> Iterator[Server]:
-    port = _free_port()
+    port = free_port()
     config = {
         "kv_connector": "KVOffloadConnector",
         "kv_connector_module_path": "kvoffload.vllm",
@@ -139,7 +154,7 @@ def _serve(model: Path, work: Path, disk: Path, redis: RedisServer) -> Iterator[
         except requests.ConnectionError:
             pass
         if time.monotonic() > deadline:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"server not healthy after 300 s:\n{log.read_text()[-6000:]}")
         time.sleep(1)
     server = Server(proc, url, log, disk)
@@ -175,6 +190,9 @@ def test_max_load_tokens_zero_loads_nothing(server: Server) -> None:
     after = server.metrics()
     assert _delta(after, before, "vllm:external_prefix_cache_hits_total") == 0
     assert _delta(after, before, "vllm:kvoffload_hit_tokens_total") == 0
+    # Computed, not served from the device cache: the reset took.
+    assert _delta(after, before, "vllm:prefix_cache_hits_total") == 0
+    assert _delta(after, before, "vllm:prompt_tokens_total") == len(prompt)
 
 
 def test_max_offload_tokens_caps_what_is_stored(server: Server) -> None:

@@ -12,14 +12,13 @@ it (`{"type": "DiskTier", "module_path": "kvoffload.vllm", "path": ..., "capacit
 """
 
 try:
-    import vllm.distributed.kv_transfer.kv_connector.v1.base  # noqa: F401
+    import vllm  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("kvoffload.vllm needs vLLM: pip install 'kvoffload[vllm]'") from exc
 
 from kvoffload.vllm.compat import check_version
 
-check_version()
-
+check_version()  # before any import of a name another vLLM version may lack
 
 from kvoffload.vllm.connector import KVOffloadConnector
 from kvoffload.vllm.disk_tier import DiskTier

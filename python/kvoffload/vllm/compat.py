@@ -13,13 +13,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from vllm.v1.kv_offload.base import Medium, OffloadingEvent, OffloadKey
-
 import vllm
 from kvoffload.errors import NotSupportedError
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_offload.base import OffloadingEvent, OffloadKey
     from vllm.v1.kv_offload.config import OffloadingConfig
 
 SUPPORTED = ">=0.32,<0.34"
@@ -65,7 +64,7 @@ def request_blocks(
 def failed_store_event(keys: list[OffloadKey]) -> OffloadingEvent | None:
     """The event a store that failed leaves: on 0.33 a metadata-only release, on 0.32 none (as
     vLLM's own CPU manager there)."""
-    from vllm.v1.kv_offload.base import OffloadingEvent
+    from vllm.v1.kv_offload.base import Medium, OffloadingEvent
 
     if "metadata_only" not in {f.name for f in fields(OffloadingEvent)}:
         return None

@@ -1,4 +1,4 @@
-"""`DiskTier`: a disk tier (local NVMe, or a shared filesystem) for vLLM 0.33's
+"""`DiskTier`: a disk tier (local NVMe, or a shared filesystem) for vLLM's
 `TieringOffloadingSpec`.
 
 vLLM loads it by module path from a `secondary_tiers` entry (`"type": "DiskTier",

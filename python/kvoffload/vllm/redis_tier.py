@@ -1,4 +1,4 @@
-"""`RedisTier`: a shared Redis/Valkey tier for vLLM 0.33's `TieringOffloadingSpec`.
+"""`RedisTier`: a shared Redis/Valkey tier for vLLM's `TieringOffloadingSpec`.
 
 vLLM loads it by module path from a `secondary_tiers` entry (`"type": "RedisTier",
 "module_path": "kvoffload.vllm"`). Chunks move between vLLM's CPU region (the primary tier's

@@ -192,7 +192,8 @@ class SchedulerSide:
             if self.scheduler.has_request(rid) and rid not in self._allocated:
                 flush.extend(self.scheduler.preempt_request(rid))
         self._allocated = set()
-        # Requests in vLLM's order (running, then new), so that the store decides as vLLM's does.
+        # Looked up by request; the order that counts (vLLM's: running, then new, so that the
+        # store decides as vLLM's does) is num_scheduled_tokens'.
         blocks = {rid: (g, full) for rid, g, full in request_blocks(scheduler_output)}
         allocated, self._allocated_blocks = self._allocated_blocks, BlockSet()
         updates = []

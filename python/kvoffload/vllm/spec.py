@@ -1,4 +1,4 @@
-"""`KVOffloadSpec`: our manager and copy worker inside vLLM 0.33's own `OffloadingConnector`.
+"""`KVOffloadSpec`: our manager and copy worker inside vLLM's own `OffloadingConnector`.
 
 `--kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
 "kv_connector_extra_config": {"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.vllm",

@@ -1,16 +1,19 @@
-"""A random-weight Llama that needs no download, for the real-engine suite and benchmark.
+"""What the real-engine suite and benchmark start engines with: a random-weight model that needs
+no download, the environment, and a runner for an engine's process.
 
-Two layers, hidden size 128: prefill of a few thousand tokens takes well under a second on two
-cores. `initializer_range` 0.2 (not Llama's 0.02) makes the logits spread wide enough that greedy
-decoding is stable across batch shapes yet depends on every token of the prefix, so KV loaded
-wrong shows up in the output. The tokenizer is a `tokenizers` WordLevel one over `w0 ... wN`: a
-prompt of n words is n tokens, with no BOS added.
+The model is a random-weight Llama of two layers, hidden size 128: prefill of a few thousand
+tokens takes well under a second on two cores. `initializer_range` 0.2 (not Llama's 0.02) makes
+the logits spread wide enough that greedy decoding is stable across batch shapes yet depends on
+every token of the prefix, so KV loaded wrong shows up in the output. The tokenizer is a
+`tokenizers` WordLevel one over `w0 ... wN`: a prompt of n words is n tokens, with no BOS added.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 VOCAB = 2048
@@ -25,6 +28,23 @@ def engine_env() -> dict[str, str]:
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     return env
+
+
+def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout: float = 600) -> int:
+    """Runs an engine's process to its end, its output into `log`, and returns its exit status.
+    Past `timeout` seconds the whole process group is killed (a multiprocess or tensor-parallel
+    engine has children of its own), and that is written at the log's end."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            out.write(f"\n[killed after {timeout:.0f} s]\n")
+            return -signal.SIGKILL
 
 
 def kv_bytes_per_token() -> int:
