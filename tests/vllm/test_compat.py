@@ -36,3 +36,43 @@ def test_import_stops_on_another_version() -> None:
         "kvoffload.errors.NotSupportedError: kvoffload supports vLLM "
         f"{SUPPORTED}; this environment has vLLM 0.35.0"
     )
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from rig import write_model_dir
+
+    return write_model_dir(str(tmp_path_factory.mktemp("tiny_llama")))
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+def test_request_blocks_reads_a_step_as_vllm_033_does(model_dir: str, is_async: bool) -> None:
+    """On vLLM 0.33, whose `yield_req_data` already means "whole table", ours yields the same
+    triples in every step: new requests, running ones, and "b" preempted (16 usable GPU blocks,
+    two requests that outgrow them) and handed its whole table again. The 0.32 side is the
+    real-engine suite's (tests/e2e)."""
+    from rig import make_rig, prompt
+    from vllm.distributed.kv_transfer.kv_connector.utils import yield_req_data
+
+    from kvoffload.vllm.compat import request_blocks
+
+    rig = make_rig(model_dir, is_async=is_async, num_gpu_blocks=17)
+    steps = 0
+    whole_tables: list[str] = []
+    preempted: set[str] = set()
+
+    def compare(rig, so):
+        nonlocal steps
+        ours = list(request_blocks(so))
+        assert ours == list(yield_req_data(so))
+        steps += 1
+        whole_tables.extend(rid for rid, _, whole in ours if whole)
+        preempted.update(so.preempted_req_ids or ())
+
+    rig.before_worker = compare
+    rig.add("a", prompt(1, 24), 40)
+    rig.add("b", prompt(2, 24), 40)
+    rig.run()
+    assert preempted == {"b"}
+    assert whole_tables == ["a", "b", "b"]
+    assert steps > 40
