@@ -76,3 +76,20 @@ def test_request_blocks_reads_a_step_as_vllm_033_does(model_dir: str, is_async: 
     assert preempted == {"b"}
     assert whole_tables == ["a", "b", "b"]
     assert steps > 40
+
+
+def test_the_spec_fills_vllm_033s_cpu_info_labels(model_dir: str) -> None:
+    """vLLM 0.33 publishes `vllm:kv_offload_config_info` from the manager's `config_info()`:
+    KVOffloadSpec's manager fills the CPU tier's labels as vLLM's CPU spec does (on 0.32 there is
+    no such metric and both helpers give nothing)."""
+    from rig import BLOCK_BYTES, BPC, make_rig
+    from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo
+
+    from kvoffload.vllm.compat import cpu_config_info_keys
+
+    rig = make_rig(model_dir, connector="spec", cpu_chunks=64)
+    (info,) = rig.scheduler.connector.connector_scheduler.manager.config_info()
+    assert cpu_config_info_keys() == CPUOffloadingInfo.config_info_keys()
+    assert tuple(info) == cpu_config_info_keys()
+    assert (info["cpu_num_chunks"], info["cpu_blocks_per_chunk"]) == (64, BPC)
+    assert info["cpu_kv_cache_size_bytes"] == 64 * BPC * BLOCK_BYTES

@@ -71,21 +71,29 @@ def failed_store_event(keys: list[OffloadKey]) -> OffloadingEvent | None:
     return OffloadingEvent(keys, Medium.CPU, removed=True, metadata_only=True)
 
 
-def cpu_config_info_keys() -> tuple[str, ...]:
-    """The labels vLLM 0.33's CPU tier publishes on its info metric (none on 0.32)."""
+def _cpu_info() -> Any:
+    """vLLM 0.33's `CPUOffloadingInfo`, or None on 0.32 (which has no info metric)."""
     try:
         from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo
     except ImportError:
-        return ()
-    return CPUOffloadingInfo.config_info_keys()
+        return None
+    return CPUOffloadingInfo
+
+
+def cpu_config_info_keys() -> tuple[str, ...]:
+    """The labels vLLM 0.33's CPU tier publishes on its info metric (none on 0.32)."""
+    info = _cpu_info()
+    return () if info is None else tuple(info.config_info_keys())
 
 
 def cpu_config_info(
     config: OffloadingConfig, num_chunks: int, bytes_per_chunk: int
 ) -> ConfigInfoMapping:
     """Those labels' values, as vLLM 0.33's CPU spec fills them."""
-    try:
-        from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo
-    except ImportError:
+    info = _cpu_info()
+    if info is None:
         return {}
-    return CPUOffloadingInfo.from_config(config, num_chunks, bytes_per_chunk).as_config_info()
+    mapping: ConfigInfoMapping = info.from_config(
+        config, num_chunks, bytes_per_chunk
+    ).as_config_info()
+    return mapping
