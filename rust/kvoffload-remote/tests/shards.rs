@@ -56,7 +56,9 @@ fn a_hit_touches_every_shard() {
     let Some(s) = server!() else { return };
     let ks = keys("touch", 2);
     store_every_shard(&s.url(), 4096, &ks);
-    std::thread::sleep(Duration::from_millis(2100)); // OBJECT IDLETIME counts whole seconds
+    // OBJECT IDLETIME counts whole seconds of a clock refreshed every 100 ms: a key touched just
+    // before a tick reads 1, so touched is <= 1 and untouched (3 s) >= 2.
+    std::thread::sleep(Duration::from_millis(3100));
     let t = Tier::connect_shards(config(&s.url(), 4096), RANKS[0], RANKS.to_vec()).unwrap();
     assert_eq!(lookup(&t, &ks[..1]), vec![OK]);
     let mut raw = s.raw();
@@ -65,7 +67,7 @@ fn a_hit_touches_every_shard() {
             Reply::Int(n) => n,
             r => panic!("{r:?}"),
         };
-        assert_eq!(idle(&mut raw, &redis_key(ns, &ks[0], "h")), 0);
+        assert!(idle(&mut raw, &redis_key(ns, &ks[0], "h")) <= 1);
         assert!(idle(&mut raw, &redis_key(ns, &ks[1], "h")) >= 2);
     }
 }
