@@ -91,7 +91,7 @@ def engine(connector: str, where: str, model_dir: str, cpu_chunks: int) -> Any:
     rig = bench_rig(model_dir, connector, tier_entry(connector, where), cpu_chunks)
     if connector == "kvoffload":
         # The disk's start-up scan runs beside the engine; engine 2 must see engine 1's files.
-        while not all(d.scanned for d in rig.connector._sched()._disk_lookups):
+        while not all(getattr(t, "scanned", True) for t in rig.connector._sched().tier_lookups):
             time.sleep(0.001)
     return rig
 
@@ -101,9 +101,8 @@ def idle(rig: Any) -> Any:
     conn = rig.connector
     if not hasattr(conn, "connector_scheduler"):
         sched = conn._sched()
-        # The disk's lookups: its probes for files the index lacks.
-        clients = [rig.worker._worker().tiers[0].client, *sched._lookup_clients]
-        clients += sched._disk_lookups
+        # The scheduler's lookups too (a disk's: its probes for files the index lacks).
+        clients = [rig.worker._worker().tiers[0].client, *sched.tier_lookups]
         return lambda: not any(c.in_flight() for c in clients)
     (tier,) = conn.connector_scheduler.manager.secondary_tiers
     if isinstance(tier, DiskTier):  # ours: its jobs and its probes

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvoffload.disk import DiskClient, DiskTierConfig
-from kvoffload.remote import OK
+from kvoffload.tiers import OK
+from kvoffload.tiers.disk import DiskClient, DiskTierConfig
 
 MiB = 1 << 20
 CHUNK = 2 * MiB

@@ -1,6 +1,6 @@
 """The shared tier's data path against a real `redis-server` the bench starts itself.
 
-Store and load GB/s of `RemoteClient` (Rust, writev from and recv into the caller's buffer)
+Store and load GB/s of `RedisClient` (Rust, writev from and recv into the caller's buffer)
 against `redis-benchmark` (C, the server's own tool) and redis-py + hiredis, at the same value
 size (2 MiB) in the same run; p50/p99 of 1-, 8- and 64-chunk jobs; a 1,000-key lookup; Redis
 `used_memory` per stored chunk over its payload; the scheduler thread's time per submit call, and
@@ -23,25 +23,26 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from bench_gil import spin_worst_pause
-from kvoffload.remote import OK, RemoteClient, RemoteLookups, RemoteTierConfig
+from kvoffload.tiers import OK
+from kvoffload.tiers.redis import RedisClient, RedisLookups, RedisTierConfig
 from redis_server import redis_cluster, redis_server
 
 MiB = 1 << 20
 CHUNK = 2 * MiB
 
 
-def finish(c: RemoteClient, job: int) -> bytes:
+def finish(c: RedisClient, job: int) -> bytes:
     while True:
         for done, statuses in c.wait(5.0):
             if done == job:
                 return statuses
 
 
-def make_client(url: str, chunk: int = CHUNK, **options: object) -> RemoteClient:
-    config = RemoteTierConfig.from_dict(
+def make_client(url: str, chunk: int = CHUNK, **options: object) -> RedisClient:
+    config = RedisTierConfig.from_dict(
         {"url": url, "namespace": "bench", "job_timeout_s": 30.0, **options}
     )
-    return RemoteClient(config, b"\x01" * 16, chunk)
+    return RedisClient(config, b"\x01" * 16, chunk)
 
 
 def keys(n: int, salt: str) -> list[bytes]:
@@ -170,7 +171,7 @@ def scheduler_thread(url: str, n_keys: int, reps: int) -> tuple[float, float, fl
     (vLLM asks key by key; a dict, no I/O), the step's `flush` (one Rust submit for all new keys)
     and a poll that applies the answers."""
     c = make_client(url, chunk=4096)
-    lookups = RemoteLookups(c)
+    lookups = RedisLookups(c)
     per_key, flush, poll = [], [], []
     for rep in range(reps):
         ks = keys(n_keys, f"sched{rep}")
@@ -198,8 +199,8 @@ def faults(server: object, pool: np.ndarray) -> tuple[float, float, float]:
     (`job_timeout_s` + bytes / `min_bandwidth_mb_s`, defaults); then a dead server, down until
     the breaker opens, restarted on the same port: seconds from its first PING to the first
     store that succeeds again (defaults: breaker cool-down 2 s, reconnect backoff up to 1 s)."""
-    c = RemoteClient(
-        RemoteTierConfig.from_dict({"url": server.url, "namespace": "faults"}),  # type: ignore[attr-defined]
+    c = RedisClient(
+        RedisTierConfig.from_dict({"url": server.url, "namespace": "faults"}),  # type: ignore[attr-defined]
         b"\x02" * 16,
         CHUNK,
     )
@@ -289,7 +290,7 @@ def test_remote_data_path(benchmark):
     print(f"\n2 MiB values, {n} per job, {rounds} rounds, loopback")
     print("| client | store GB/s | load GB/s | store vs ours | load vs ours |")
     print("|---|---|---|---|---|")
-    print(f"| kvoffload RemoteClient | {os_:.2f} | {ol:.2f} | 1.00x | 1.00x |")
+    print(f"| kvoffload RedisClient | {os_:.2f} | {ol:.2f} | 1.00x | 1.00x |")
     print(f"| redis-benchmark -P 16 | {bs:.2f} | {bl:.2f} | {bs / os_:.2f}x | {bl / ol:.2f}x |")
     print(f"| redis-py + hiredis | {ps:.2f} | {pl:.2f} | {ps / os_:.2f}x | {pl / ol:.2f}x |")
     print(
@@ -353,7 +354,7 @@ def test_remote_tls_cost(benchmark):
     print("| client | plain store / load GB/s | TLS store / load GB/s | TLS / plain |")
     print("|---|---|---|---|")
     for label, p, t in [
-        ("kvoffload RemoteClient", res["plain"], res["tls"]),
+        ("kvoffload RedisClient", res["plain"], res["tls"]),
         ("redis-benchmark -P 16", res["rb-plain"], res["rb-tls"]),
     ]:
         print(
@@ -394,7 +395,7 @@ def test_remote_cluster(benchmark):
     print(f"\nRedis Cluster, 3 primaries, 2 MiB values, {n} per job, {rounds} rounds")
     print("| client | store GB/s | load GB/s |")
     print("|---|---|---|")
-    print(f"| kvoffload RemoteClient | {os_:.2f} | {ol:.2f} |")
+    print(f"| kvoffload RedisClient | {os_:.2f} | {ol:.2f} |")
     print(f"| redis-benchmark --cluster -P 16 -c 1 | {bs:.2f} | {bl:.2f} |")
     print(f"ours / redis-benchmark: store {os_ / bs:.2f}x, load {ol / bl:.2f}x")
     lc, ls = res["lookup-cluster"], res["lookup-single"]

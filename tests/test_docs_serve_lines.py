@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.disk import DiskTierConfig
-from kvoffload.remote import RemoteTierConfig
 from kvoffload.scheduler import OffloadConfig
+from kvoffload.tiers.disk import DiskTierConfig
+from kvoffload.tiers.redis import RedisTierConfig
 
 ROOT = Path(__file__).parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -26,10 +26,10 @@ LINES = [
 _SEAM_KEYS = {"secondary_tiers", "spec_name", "spec_module_path", "pin_in_background"}
 
 
-def tier(entry: dict) -> DiskTierConfig | RemoteTierConfig:
+def tier(entry: dict) -> DiskTierConfig | RedisTierConfig:
     # A TLS CA file named in the docs is not on this machine: the rest is checked.
     entry = {k: v for k, v in entry.items() if k != "tls_ca_file"}
-    return (DiskTierConfig if entry["type"] == "DiskTier" else RemoteTierConfig).from_dict(entry)
+    return (DiskTierConfig if entry["type"] == "DiskTier" else RedisTierConfig).from_dict(entry)
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,7 @@ def test_serve_line_parses(page, line, raw):
         OffloadConfig.from_dict({**ours, "tokens_per_block": 16})
     tiers = extra.get("secondary_tiers", [])
     if config["kv_connector"] == "KVOffloadConnector" and tiers:
-        vllm_tiers = pytest.importorskip("kvoffload.vllm.tiers")
+        vllm_tiers = pytest.importorskip("kvoffload.tiers.entries")
         assert len(vllm_tiers.parse_entries(tiers)) == len(tiers)
     for entry in tiers:
         if entry["type"] in ("DiskTier", "RedisTier"):

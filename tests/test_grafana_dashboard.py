@@ -1,12 +1,13 @@
 """The Grafana dashboard (docs/grafana/kvoffload-dashboard.json) queries exactly the metrics
 kvoffload exports, under the names Prometheus scrapes.
 
-The names are read from the sources with `ast`, so that this runs without vLLM:
-`kvoffload/vllm/stats.py` (`_COUNTERS`, `GAUGES`, exported by `KVOffloadPromMetrics` under the
-prefix of its f-strings, and the per-node and per-disk reports under `_NODE_METRIC` and
-`_DISK_METRIC`), `kvoffload/vllm/redis_tier.py` (`_COUNTERS` and the gauges of
-`RedisTier.build_metric_definitions`, under `_METRIC`) and `kvoffload/vllm/disk_tier.py` (the
-disk report's `DISK_COUNTERS` and `DISK_GAUGES`, under `_METRIC`). prometheus_client scrapes a
+The names are read from the vLLM adapters' sources with `ast`, so that this runs without vLLM:
+`kvoffload/vllm/connector/stats.py` (`_COUNTERS`, `GAUGES`, exported by `KVOffloadPromMetrics`
+under the prefix of its f-strings, and each tier kind's per-place `Report`),
+`kvoffload/vllm/tiering/redis.py` (`_COUNTERS` and the gauges of
+`RedisTier.build_metric_definitions`, under `_METRIC`, and the per-node report under
+`_NODE_METRIC`) and `kvoffload/vllm/tiering/disk.py` (the disk report's `DISK_COUNTERS` and
+`DISK_GAUGES`, under `_METRIC`). prometheus_client scrapes a
 counter named `x` as `x_total`, and a gauge under its own name.
 """
 
@@ -19,14 +20,17 @@ from pathlib import Path
 
 import pytest
 
+from kvoffload.tiers import Report, registry
+from kvoffload.tiers.disk import KIND as DISK
+from kvoffload.tiers.redis import KIND as REDIS
+
 ROOT = Path(__file__).parents[1]
 DASHBOARD = ROOT / "docs" / "grafana" / "kvoffload-dashboard.json"
 OPERATIONS = ROOT / "docs" / "operations.md"
-STATS = ROOT / "python" / "kvoffload" / "vllm" / "stats.py"
-REDIS_TIER = ROOT / "python" / "kvoffload" / "vllm" / "redis_tier.py"
-DISK_TIER = ROOT / "python" / "kvoffload" / "vllm" / "disk_tier.py"
-NODES = ROOT / "python" / "kvoffload" / "remote" / "nodes.py"
-DISK_REPORT = ROOT / "python" / "kvoffload" / "disk" / "report.py"
+VLLM = ROOT / "python" / "kvoffload" / "vllm"
+STATS = VLLM / "connector" / "stats.py"
+REDIS_TIER = VLLM / "tiering" / "redis.py"
+DISK_TIER = VLLM / "tiering" / "disk.py"
 
 # What a metric name may look like in PromQL; ours are the ones that mention kvoffload.
 IDENTIFIER = re.compile(r"(?<![\w:$])[A-Za-z_:][A-Za-z0-9_:]*")
@@ -74,22 +78,16 @@ def _name_prefixes(tree: ast.Module, factory: str) -> set[str]:
     return prefixes
 
 
-def _report_metrics(tree: ast.Module, prefix_name: str, kind: str) -> dict[str, str]:
-    """A per-node (`kind` "NODE": `kvoffload/remote/nodes.py`) or per-disk ("DISK":
-    `kvoffload/disk/report.py`) report's metrics in a module: its `prefix_name` constant + each
-    name of the report's `<kind>_COUNTERS` and `<kind>_GAUGES`."""
-    prefix = _module_literal(tree, prefix_name)
-    report = ast.parse((NODES if kind == "NODE" else DISK_REPORT).read_text())
-    counters = _module_literal(report, f"{kind}_COUNTERS")
-    gauges = _module_literal(report, f"{kind}_GAUGES")
-    assert isinstance(prefix, str) and isinstance(counters, dict) and isinstance(gauges, dict)
-    out = {scraped(prefix + n, "counter"): "counter" for n in counters}
-    out.update({scraped(prefix + n, "gauge"): "gauge" for n in gauges})
+def _report_metrics(prefix: object, report: Report) -> dict[str, str]:
+    """A per-place report's metrics: `prefix` + each of its counters and gauges."""
+    assert isinstance(prefix, str)
+    out = {scraped(prefix + n, "counter"): "counter" for n in report.counters}
+    out.update({scraped(prefix + n, "gauge"): "gauge" for n in report.gauges})
     return out
 
 
 def _node_metrics(tree: ast.Module) -> dict[str, str]:
-    return _report_metrics(tree, "_NODE_METRIC", "NODE")
+    return _report_metrics(_module_literal(tree, "_NODE_METRIC"), REDIS.report)
 
 
 def connector_metrics() -> dict[str, str]:
@@ -102,8 +100,9 @@ def connector_metrics() -> dict[str, str]:
     (gauge_prefix,) = _name_prefixes(tree, "_gauge_cls")
     out = {scraped(counter_prefix + n, "counter"): "counter" for n in counters}
     out.update({scraped(gauge_prefix + n, "gauge"): "gauge" for n in gauges})
-    out.update(_node_metrics(tree))
-    out.update(_report_metrics(tree, "_DISK_METRIC", "DISK"))
+    for kind in registry.kinds():
+        if kind.report is not None:
+            out.update(_report_metrics("vllm:" + kind.report.metric, kind.report))
     return out
 
 
@@ -118,7 +117,7 @@ def disk_tier_metrics() -> dict[str, str]:
     ]
     source = ast.unparse(build)
     assert "DISK_COUNTERS.items()" in source and "DISK_GAUGES.items()" in source
-    return _report_metrics(tree, "_METRIC", "DISK")
+    return _report_metrics(_module_literal(tree, "_METRIC"), DISK.report)
 
 
 def redis_tier_metrics() -> dict[str, str]:
@@ -314,8 +313,8 @@ def test_vllm_scrapes_these_names():
         OffloadPromMetrics,
     )
 
-    from kvoffload.vllm.redis_tier import _BREAKER_STATES
-    from kvoffload.vllm.stats import DISKS, NODES, KVOffloadPromMetrics
+    from kvoffload.vllm.connector.stats import KVOffloadPromMetrics
+    from kvoffload.vllm.tiering.redis import _BREAKER_STATES
 
     registry = prometheus_client.CollectorRegistry()
     metric_types = {
@@ -330,10 +329,10 @@ def test_vllm_scrapes_these_names():
     connector = KVOffloadPromMetrics(config, metric_types, labelnames, per_engine)
     # The per-node series appear once a node is reported (their `node` label bound then).
     report = dict.fromkeys(("bytes_written", "bytes_read", "failures", "resting"), 1)
-    connector.observe({NODES: {"h:1": report}})
+    connector.observe({REDIS.report.key: {"h:1": report}})
     # So do the per-disk ones once a disk tier is reported (their `path` label).
     disk = {name.removesuffix("_total").split("disk_tier_")[1]: 1 for name in disk_tier_metrics()}
-    connector.observe({DISKS: {"/mnt/nvme/kv": disk}})
+    connector.observe({DISK.report.key: {"/mnt/nvme/kv": disk}})
     offloading = OffloadPromMetrics(config, metric_types, labelnames, per_engine)
     # Our tiers' series appear once observed (vLLM binds their `tier` label on first use).
     tiers = {**redis_tier_metrics(), **disk_tier_metrics()}

@@ -69,7 +69,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from kvoffload.vllm import worker_side
+from kvoffload.vllm.connector import worker_side
 from vllm import SamplingParams
 
 TPB = 4  # tokens per GPU block
@@ -863,3 +863,29 @@ def stored_chunks(rig: Rig) -> int:
 
 def prompt(seed: int, n: int) -> list[int]:
     return [(seed * 131 + i * 17) % 800 + 100 for i in range(n)]
+
+
+def expected_outputs(tokens: list[int], n: int) -> list[int]:
+    tokens = list(tokens)
+    for _ in range(n):
+        tokens.append(next_token(tokens))
+    return tokens[-n:]
+
+
+class Stall:
+    """Holds back the worker engine's finished results while `on` (the copies themselves are
+    synchronous on the CPU): jobs stay in flight as long as a test needs."""
+
+    def __init__(self, rig) -> None:
+        self.on = True
+        engine = rig.engine()
+        self._get_finished = engine.get_finished
+        self._held = []
+        engine.get_finished = self
+
+    def __call__(self):
+        self._held.extend(self._get_finished())
+        if self.on:
+            return []
+        out, self._held = self._held, []
+        return out

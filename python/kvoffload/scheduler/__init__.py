@@ -8,14 +8,14 @@ from kvoffload.scheduler.jobs import (
     FinishPlan,
     JobResult,
     LoadJob,
-    RemoteJob,
     RequestUpdate,
     StateBlock,
     StepPlan,
     StoreJob,
+    TierJob,
 )
 from kvoffload.scheduler.scheduler import OffloadScheduler
-from kvoffload.scheduler.shared_tier import TierLink
+from kvoffload.scheduler.secondary_tier import TierLink
 from kvoffload.scheduler.stats import SchedulerStats
 
 __all__ = [
@@ -27,11 +27,11 @@ __all__ = [
     "LoadJob",
     "OffloadConfig",
     "OffloadScheduler",
-    "RemoteJob",
     "RequestUpdate",
     "SchedulerStats",
     "StateBlock",
     "StepPlan",
     "StoreJob",
+    "TierJob",
     "TierLink",
 ]

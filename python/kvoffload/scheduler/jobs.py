@@ -56,7 +56,7 @@ class LoadJob:
 
 
 @dataclass(slots=True)
-class RemoteJob:
+class TierJob:
     """A transfer between CPU slots and secondary tier `tier` (its place in the chain), `keys[i]`
     <-> `slots[i]`, each worker its own shard of every chunk. A promotion fills the slots (its
     keys are pending in the CPU tier until every worker has reported); a cascade writes them on
@@ -105,9 +105,9 @@ class StepPlan:
     flush_job_ids: list[int] = field(default_factory=list)
     """In-flight jobs (stores reading, or loads writing, a GPU block the engine just
     reallocated): wait for them before the step's forward pass."""
-    promote_jobs: list[RemoteJob] = field(default_factory=list)
+    promote_jobs: list[TierJob] = field(default_factory=list)
     """Promotions from the secondary tiers that lookups started since the last plan."""
-    cascade_jobs: list[RemoteJob] = field(default_factory=list)
+    cascade_jobs: list[TierJob] = field(default_factory=list)
     """Chunks whose stores completed, to write on to the secondary tiers (in store order, as the
     budget of chunks held by writes allows)."""
 

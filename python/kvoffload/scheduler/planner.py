@@ -11,7 +11,7 @@ from kvoffload._rust import BlockSet
 from kvoffload.scheduler.config import OffloadConfig
 from kvoffload.scheduler.hybrid import GroupState
 from kvoffload.scheduler.jobs import IntArray, LoadJob, StoreJob
-from kvoffload.scheduler.shared_tier import SharedTier
+from kvoffload.scheduler.secondary_tier import SecondaryTier
 from kvoffload.scheduler.stats import SchedulerStats
 from kvoffload.store import CpuStore, KeyList
 
@@ -35,7 +35,7 @@ class Request:
     finished: bool = False
     rank: int | None = None
     """The request's place in the store's LRU order, drawn at its first store or load."""
-    load_tiers: tuple[SharedTier, ...] = ()
+    load_tiers: tuple[SecondaryTier, ...] = ()
     """The secondary tiers its `kv_load_tiers` let it load from, in lookup order."""
     groups: list[GroupState] | None = None
     """With several KV-cache groups (or a window group): each group's keys, table and store

@@ -33,11 +33,11 @@ from kvoffload.scheduler.jobs import (
     FinishPlan,
     JobResult,
     LoadJob,
-    RemoteJob,
     RequestUpdate,
     StateBlock,
     StepPlan,
     StoreJob,
+    TierJob,
 )
 from kvoffload.scheduler.one_group import OneGroupPlanner
 from kvoffload.scheduler.params import (
@@ -49,8 +49,8 @@ from kvoffload.scheduler.params import (
     tier_allowed,
 )
 from kvoffload.scheduler.planner import CheckedUpdate, Context, Planner, Request
+from kvoffload.scheduler.secondary_tier import SecondaryTier, TierLink
 from kvoffload.scheduler.several_groups import SeveralGroupsPlanner
-from kvoffload.scheduler.shared_tier import SharedTier, TierLink
 from kvoffload.scheduler.stats import SchedulerStats
 from kvoffload.store import CpuStore
 
@@ -73,7 +73,7 @@ class OffloadScheduler:
         """`bytes_per_chunk` (all workers together) only feeds the byte counters of the stats.
         `secondary_tiers` stand behind the CPU tier in lookup order (a chain: CPU -> first ->
         second ...), each read by `world_size` workers and written by `writers` of them
-        (default: all; see `SharedTier`): a lookup asks them in order for the rest of the prefix,
+        (default: all; see `SecondaryTier`): a lookup asks them in order for the rest of the prefix,
         every chunk whose CPU-tier store completes is written on to each of them, and a chunk
         promoted from one is written to those before it.
 
@@ -101,7 +101,7 @@ class OffloadScheduler:
         self._stats = ctx.stats
         job_ids = itertools.count()
         self.secondary_tiers = tuple(
-            SharedTier(
+            SecondaryTier(
                 store,
                 link.lookups,
                 ctx.stats,
@@ -284,8 +284,8 @@ class OffloadScheduler:
             raise ValueError(f"updates name a request twice: {sorted(ids)}")
         states = [self._check_state(b) for b in state_blocks]
         flush = planner.flush(reallocated)
-        promotions: list[RemoteJob] = []
-        cascades: list[RemoteJob] = []
+        promotions: list[TierJob] = []
+        cascades: list[TierJob] = []
         for tier in self.secondary_tiers:
             tier_promotions, tier_cascades = tier.take_jobs()
             promotions += tier_promotions
@@ -422,7 +422,7 @@ class OffloadScheduler:
         req = self._requests.get(request_id)
         return req is not None and any(self._jobs[j].kind == "load" for j in req.jobs)
 
-    def secondary_tier_of(self, job_id: int) -> SharedTier:
+    def secondary_tier_of(self, job_id: int) -> SecondaryTier:
         """The secondary tier whose promotion or cascade `job_id` is (still open)."""
         for tier in self.secondary_tiers:
             if tier.owns(job_id):

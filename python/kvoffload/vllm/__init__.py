@@ -1,14 +1,19 @@
-"""vLLM adapters (0.32 and 0.33): the only part of kvoffload that imports vllm.
+"""vLLM adapters (0.32 and 0.33): the only part of kvoffload that imports vllm. One wing per way
+into vLLM, each named in `--kv-transfer-config`:
 
-Two seams, both named in `--kv-transfer-config`: `KVOffloadConnector` (our connector end to end:
-`{"kv_connector": "KVOffloadConnector", "kv_connector_module_path": "kvoffload.vllm", ...}`) and
-`KVOffloadSpec` (our manager and copy worker inside vLLM's own `OffloadingConnector`:
-`{"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {"spec_name":
-"KVOffloadSpec", "spec_module_path": "kvoffload.vllm", ...}}`). `RedisTier` is a shared Redis/Valkey
-tier for vLLM's own `TieringOffloadingSpec` (`"secondary_tiers": [{"type": "RedisTier",
-"module_path": "kvoffload.vllm", "url": ..., "namespace": ...}]`), and `DiskTier` a disk tier for
-it (`{"type": "DiskTier", "module_path": "kvoffload.vllm", "path": ..., "capacity_bytes": ...,
-"namespace": ...}`); vLLM's tiering chains the entries in order.
+- `connector/`: `KVOffloadConnector`, our connector end to end (`{"kv_connector":
+  "KVOffloadConnector", "kv_connector_module_path": "kvoffload.vllm", ...}`);
+- `spec/`: `KVOffloadSpec`, our manager and copy worker inside vLLM's own `OffloadingConnector`
+  (`{"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {"spec_name":
+  "KVOffloadSpec", "spec_module_path": "kvoffload.vllm", ...}}`);
+- `tiering/`: `RedisTier` (a shared Redis/Valkey tier) and `DiskTier` (a disk tier) for vLLM's own
+  `TieringOffloadingSpec` (`"secondary_tiers": [{"type": "RedisTier", "module_path":
+  "kvoffload.vllm", "url": ..., "namespace": ...}, {"type": "DiskTier", "module_path":
+  "kvoffload.vllm", "path": ..., "capacity_bytes": ..., "namespace": ...}]`; vLLM's tiering chains
+  the entries in order).
+
+What they share: `compat` (the vLLM versions' differences), `logs`, `pinning` (how a CPU pool is
+prepared).
 """
 
 try:
@@ -20,13 +25,9 @@ from kvoffload.vllm.compat import check_version
 
 check_version()  # before any import of a name another vLLM version may lack
 
-from kvoffload.vllm.connector import KVOffloadConnector
-from kvoffload.vllm.disk_tier import DiskTier
-from kvoffload.vllm.redis_tier import RedisTier
-from kvoffload.vllm.spec import KVOffloadSpec
-from kvoffload.vllm.spec_manager import KVOffloadManager
-from kvoffload.vllm.spec_worker import KVOffloadWorker
-from kvoffload.vllm.stats import KVOffloadStats
+from kvoffload.vllm.connector import KVOffloadConnector, KVOffloadStats
+from kvoffload.vllm.spec import KVOffloadManager, KVOffloadSpec, KVOffloadWorker
+from kvoffload.vllm.tiering import DiskTier, RedisTier
 
 __all__ = [
     "DiskTier",

@@ -1,0 +1,39 @@
+"""The kinds of secondary tier, keyed by the `type` of a `secondary_tiers` entry (as vLLM's tier
+factory keys its own). A built-in kind is imported when an entry first names it."""
+
+from __future__ import annotations
+
+import importlib
+
+from kvoffload.tiers.kind import TierKind
+
+_BUILT_IN = {
+    "RedisTier": "kvoffload.tiers.redis",
+    "DiskTier": "kvoffload.tiers.disk",
+}
+"""Each built-in kind's module (its `KIND`)."""
+_KINDS: dict[str, TierKind] = {}
+
+
+def register(kind: TierKind) -> None:
+    """Adds a kind (or replaces the one of that name)."""
+    _KINDS[kind.name] = kind
+
+
+def names() -> list[str]:
+    """Every kind's name, the built-in ones first."""
+    return [*_BUILT_IN, *(name for name in _KINDS if name not in _BUILT_IN)]
+
+
+def kind(name: str) -> TierKind | None:
+    """The kind named `name`, or None."""
+    found = _KINDS.get(name)
+    if found is None and name in _BUILT_IN:
+        found = importlib.import_module(_BUILT_IN[name]).KIND
+        _KINDS[name] = found
+    return found
+
+
+def kinds() -> list[TierKind]:
+    """Every kind (the built-in ones imported)."""
+    return [k for k in map(kind, names()) if k is not None]

@@ -1,0 +1,157 @@
+"""`DiskTier`: a disk tier (local NVMe, or a shared filesystem) for vLLM's
+`TieringOffloadingSpec`.
+
+vLLM loads it by module path from a `secondary_tiers` entry (`"type": "DiskTier",
+"module_path": "kvoffload.vllm"`), beside or before a `RedisTier`: vLLM's tiering chains them
+(CPU -> disk -> Redis). Chunks move between vLLM's CPU region and one checked file each on the
+Rust data path's I/O threads, without the GIL; lookups answer from the data path's index, and
+where it lacks a key (another engine's chunk written since the last rescan) say RETRY while the I/O
+threads look for the files, so the scheduler thread never waits on the disk.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    OffloadingCounterMetadata,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+)
+from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
+
+from kvoffload.tiers.disk import DISK_COUNTERS, DISK_GAUGES, DiskClient, DiskReport, DiskTierConfig
+from kvoffload.vllm.compat import TIER_LABEL
+from kvoffload.vllm.tiering.chunk_tier import ChunkTier, identity_of
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadingSpec
+
+logger = logging.getLogger(__name__)
+
+_METRIC = "kvoffload:disk_tier_"
+
+
+class DiskTier(ChunkTier):
+    """A `SecondaryTierManager` on a directory; see `docs/disk-tier.md` for every key. A file
+    that fails a check is removed and recomputed; a full filesystem drops the store."""
+
+    _client: DiskClient
+    config: DiskTierConfig
+
+    def __init__(
+        self,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: BackpressureDetector | None = None,
+        **entry: Any,
+    ) -> None:
+        config = DiskTierConfig.from_dict(entry)
+        super().__init__(
+            offloading_spec,
+            primary_kv_view,
+            tier_type,
+            backpressure_detector,
+            locality=entry.get("locality", Locality.LOCAL.value),
+            enable_kv_events=config.enable_kv_events,
+        )
+        self.config = config
+        chunk_bytes = self.block_size_bytes
+        digest = identity_of(offloading_spec, config.namespace, chunk_bytes).digest()
+        self._client = DiskClient(config, digest, chunk_bytes)
+        self._report = DiskReport(self._client)
+        logger.info(
+            "DiskTier %s: %d bytes, %s I/O, %d I/O threads%s",
+            config.path,
+            config.capacity_bytes,
+            "direct" if self._client.direct else "buffered",
+            config.io_threads,
+            ", read-only (serves what the directory holds, writes nothing)"
+            if config.read_only
+            else "",
+        )
+
+    # --- lookups ---------------------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        found, waiting = self._client.lookup_key(key, req_context.req_id)
+        if found:
+            return LookupResult.HIT
+        return LookupResult.RETRY if waiting else LookupResult.MISS
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Nothing to do: a load that hits sets the file's time (the recency every engine sharing
+        the directory evicts by)."""
+
+    # --- jobs ------------------------------------------------------------------------------
+
+    def _missed(self, keys: list[OffloadKey]) -> None:
+        # Out of the index (vLLM's livelock guard): a miss until stored again, or until a rescan
+        # lists its file again (a file a read failed on, not a damaged or missing one).
+        self._client.note_missing(keys)
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs) or self._client.probes_in_flight() > 0
+
+    # --- per request and per step ----------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        pass
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._client.flush()
+
+    # --- metrics and lifetime --------------------------------------------------------------
+
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
+        labels = (TIER_LABEL,)
+        metrics: dict[str, OffloadingMetricMetadata] = {
+            _METRIC + name: OffloadingCounterMetadata(documentation=doc, labelnames=labels)
+            for name, doc in DISK_COUNTERS.items()
+        }
+        for name, doc in DISK_GAUGES.items():
+            metrics[_METRIC + name] = OffloadingGaugeMetadata(documentation=doc, labelnames=labels)
+        return metrics
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        stats = OffloadingConnectorStats()
+        label = (self.tier_type,)
+        for report in self._report.take().values():  # the one directory
+            for name in DISK_COUNTERS:
+                if report[name]:
+                    stats.increase_counter(_METRIC + name, report[name], label)
+            for name in DISK_GAUGES:
+                stats.set_gauge(_METRIC + name, report[name], label)
+        return stats
+
+    @property
+    def scanned(self) -> bool:
+        """Whether what the directory held at start-up is in the index yet (until then those
+        chunks are misses: the scan never delays a step)."""
+        return self._client.scanned
+
+    def stats(self) -> dict[str, int]:
+        """The data path's counters (`chunks`: what its index holds)."""
+        return self._client.stats()
+
+    def shutdown(self) -> None:
+        self.drain_jobs()
+        self._client.close()
