@@ -127,4 +127,5 @@ class TierKind(Protocol):
         """A worker's data path for its shard, keyed under `digest`."""
 
     def reporter(self, paths: Sequence[Any]) -> Reporter:
-        """The per-place report of a worker's data paths of this kind."""
+        """The per-place report of a worker's data paths of this kind (asked only of a kind
+        with a `report`)."""

@@ -193,7 +193,9 @@ class WorkerSide:
         except BaseException:
             self._close_tiers()  # those opened before the one that failed
             raise
-        self._reporters = [(kind, kind.reporter(paths)) for kind, paths in by_kind.values()]
+        self._reporters = [
+            (kind, kind.reporter(paths)) for kind, paths in by_kind.values() if kind.report
+        ]
 
     def handle_preemptions(self, meta: KVOffloadMetadata) -> None:
         """The first hook of every step, before its forward pass: submits the last step's stores,
