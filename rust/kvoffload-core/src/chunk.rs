@@ -59,14 +59,10 @@ pub fn load_window(
     tokens_per_chunk: u64,
 ) -> Result<Option<LoadWindow>> {
     positive("tokens_per_chunk", tokens_per_chunk)?;
-    let mut max_hit = num_tokens;
-    if let Some(cap) = max_load_tokens {
-        max_hit = max_hit.min(num_local_tokens.saturating_add(cap));
-    }
-    max_hit = max_hit.min(num_keys.saturating_mul(tokens_per_chunk));
-    if max_load_tokens.is_some() {
-        max_hit -= max_hit % tokens_per_chunk;
-    }
+    let capped = max_load_tokens.is_some();
+    let max_hit = load_cap(num_tokens, num_local_tokens, max_load_tokens);
+    // Within 0..=num_tokens, so a u64.
+    let max_hit = clamp_to_keys(max_hit, num_keys, tokens_per_chunk, capped) as u64;
     if max_hit < num_local_tokens.saturating_add(tokens_per_chunk) {
         return Ok(None);
     }
@@ -93,6 +89,33 @@ pub fn loadable_tokens(
         Some(n) if n >= tokens_per_chunk => n,
         _ => 0,
     }
+}
+
+/// The furthest token a hit may reach: `num_tokens`, or fewer under `max_load_tokens` (tokens
+/// past `num_local`). Signed and wide: a hybrid lookup steps back a token from it, maybe below 0.
+pub(crate) fn load_cap(num_tokens: u64, num_local: u64, max_load_tokens: Option<u64>) -> i128 {
+    let end = i128::from(num_tokens);
+    match max_load_tokens {
+        Some(cap) => end.min(i128::from(num_local) + i128::from(cap)),
+        None => end,
+    }
+}
+
+/// `max_hit` no further than the `num_keys` chunks that have keys and, under a cap (`capped`),
+/// down to a whole chunk: a capped load never ends mid-chunk.
+pub(crate) fn clamp_to_keys(max_hit: i128, num_keys: u64, tpc: u64, capped: bool) -> i128 {
+    let max_hit = max_hit.min(i128::from(num_keys.saturating_mul(tpc)));
+    if capped {
+        floor_chunk(max_hit, tpc)
+    } else {
+        max_hit
+    }
+}
+
+/// `x` down to a whole number of chunks of `tpc` tokens (below 0 too).
+pub(crate) fn floor_chunk(x: i128, tpc: u64) -> i128 {
+    let tpc = i128::from(tpc);
+    x.div_euclid(tpc) * tpc
 }
 
 pub(crate) fn positive(name: &'static str, v: u64) -> Result<()> {

@@ -10,15 +10,12 @@ mod error;
 mod events;
 mod groups;
 mod heap;
-mod hybrid_load;
-mod hybrid_lookup;
-mod hybrid_store;
+mod hybrid;
 mod index;
 mod key;
 mod keybuf;
 mod list;
 mod policy;
-mod sampled;
 mod store;
 #[doc(hidden)]
 pub mod testing;
@@ -34,12 +31,12 @@ pub use groups::{
     load_parts, offer_batch, range_batch, store_blocks, used_keys, GroupBatch, GroupOffer,
     LoadPart, StoreBlocks,
 };
-pub use hybrid_load::{group_load, GroupLoad, GroupLoadAsk, LoadedGroup};
-pub use hybrid_lookup::{lookup_groups, window_hits, GroupKind, GroupRule, LookupAsk, LookupGroup};
-pub use hybrid_store::{GroupStoreOffer, GroupStoreOutcome, GroupStorePlan};
+pub use hybrid::{
+    group_load, lookup_groups, window_hits, GroupKind, GroupLoad, GroupLoadAsk, GroupRule,
+    GroupStoreOffer, GroupStoreOutcome, GroupStorePlan, LoadedGroup, LookupAsk, LookupGroup,
+};
 pub use key::{validate_keys, MAX_KEY_LEN, OLD_PUBLIC_SEED};
 pub use keybuf::KeyBuf;
-pub use policy::{PolicyKind, Rank, POLICY_NAMES};
-pub use sampled::SampledLru;
+pub use policy::{PolicyKind, Rank, SampledLru, POLICY_NAMES};
 pub use store::{KeyStatus, Positions, RankedBatch, Stats, Store, StorePlan, MAX_SLOTS};
 pub use window::{offered_chunks, reachable_blocks, WindowReach, NULL_BLOCK};

@@ -4,6 +4,7 @@
 //! attention reads before the boundary, until the hit converges. One call per request, where a
 //! Python loop over groups and store calls cost more than the store's own work.
 
+use crate::chunk::{clamp_to_keys, floor_chunk, load_cap};
 use crate::error::{Error, Result};
 use crate::keybuf::KeyBuf;
 use crate::store::{KeyStatus, Store};
@@ -106,17 +107,13 @@ pub fn lookup_groups(
     let tpc_i = i128::from(tpc);
     let num_local = i128::from(ask.num_local);
     let capped = ask.max_load_tokens.is_some();
-    let floor = |x: i128| x.div_euclid(tpc_i) * tpc_i;
-    let mut max_hit = i128::from(ask.num_tokens);
-    if let Some(cap) = ask.max_load_tokens {
-        max_hit = max_hit.min(num_local + i128::from(cap));
-    }
+    let mut max_hit = load_cap(ask.num_tokens, ask.num_local, ask.max_load_tokens);
     if !windowed.is_empty() {
         // The last prompt token is recomputed for its logits: keep a hit after that.
         max_hit -= 1;
         if groups.iter().any(|g| g.rule.kind == GroupKind::Mamba) {
             // A state is stored only on a chunk boundary.
-            max_hit = floor(max_hit);
+            max_hit = floor_chunk(max_hit, tpc);
         }
     }
     let start = ask.num_local / tpc;
@@ -131,10 +128,7 @@ pub fn lookup_groups(
             let group = &groups[gi];
             let num_keys = group.keys.len() as i128;
             let unverified = group.rule.eagle && !eagle_verified[gi];
-            max_hit = max_hit.min(num_keys * tpc_i);
-            if capped {
-                max_hit = floor(max_hit);
-            }
+            max_hit = clamp_to_keys(max_hit, group.keys.len() as u64, tpc, capped);
             if max_hit - num_local < tpc_i {
                 return Ok(Some(0));
             }
