@@ -57,7 +57,7 @@ lint: build
 	$(PY) -m mypy.stubtest kvoffload._rust
 
 test-rust:
-	cargo test -p kvoffload-core -p kvoffload-format -p kvoffload-remote -p kvoffload-disk
+	cargo test -p kvoffload-core -p kvoffload-tier -p kvoffload-redis -p kvoffload-disk
 
 # The docs site, into site/: a broken link, anchor or page, or an API reference entry that does
 # not resolve, fails the build (--strict). Its Python examples run in test-python.

@@ -48,7 +48,7 @@ pub fn unhex(name: &str) -> Option<Vec<u8>> {
 
 /// The subdirectory of `key`'s file: `fan_name(key_digest(key)[0])`.
 pub fn fan_of(key: &[u8]) -> u8 {
-    kvoffload_format::key_digest(key)[0]
+    kvoffload_tier::key_digest(key)[0]
 }
 
 /// `dir/<2 hex digits of the key's digest>/<key in hex>`: 256 subdirectories, so none grows to

@@ -1,5 +1,5 @@
 //! The disk tier's data path: one file per chunk under a directory of its namespace, each file the
-//! chunk's 64-byte header (kvoffload-format) in a 4 KiB block, then its bytes. A file becomes
+//! chunk's 64-byte header (kvoffload-tier) in a 4 KiB block, then its bytes. A file becomes
 //! visible whole (written under a temporary name, then renamed), so a reader never sees half of
 //! one, also with several engines writing one chunk at once; and a truncated, flipped, foreign or
 //! stale file is never served (it is removed and counted). Reads and writes go straight between
@@ -9,6 +9,7 @@
 //! No PyO3 here: the binding translates.
 
 mod aligned;
+mod chunks;
 mod config;
 mod error;
 mod files;
@@ -16,13 +17,16 @@ mod gate;
 mod index;
 mod jobs;
 mod probes;
+mod queue;
 mod stats;
 mod tier;
+mod upkeep;
 
+pub use chunks::{DiskTier, Loaded, Stored};
 pub use config::{DirectIo, DiskConfig};
 pub use error::{DiskError, Result};
 pub use gate::Writes;
-pub use jobs::{Completion, DiskJobs};
-pub use kvoffload_format::breaker::BreakerState;
+pub use kvoffload_tier::breaker::BreakerState;
+pub use kvoffload_tier::completion::Completion;
 pub use stats::Stats;
-pub use tier::{DiskTier, Loaded, Stored};
+pub use tier::DiskJobs;

@@ -1,760 +1,390 @@
-//! `DiskTier`: store, load and remove chunks, each one file.
+//! `DiskJobs`: the disk tier's store and load jobs, each job's chunks spread over the tier's I/O
+//! threads (so many files are read or written at once), with an index of the chunks it holds
+//! that answers lookups without I/O and holds `capacity_bytes` by evicting the least recently
+//! used. The caller only submits and polls; the index is rebuilt from the directory on a thread
+//! of its own at open, which then takes in, every `rescan`, what other engines sharing the
+//! directory wrote.
 
-use crate::aligned::{is_aligned, round_up, AlignedBuf, ALIGN};
-use crate::config::{DirectIo, DiskConfig};
-use crate::error::{is_full, is_read_only, DiskError, Result};
-use crate::files::{self, HEADER_BLOCK, MAX_KEY_BYTES, TMP_PREFIX};
-use crate::stats::{Counters, Stats};
-use kvoffload_format::{crc, Header, Layout, HEADER_LEN};
-use std::fs::{self, File};
-use std::io::{self, ErrorKind};
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use crate::chunks::DiskTier;
+use crate::config::DiskConfig;
+use crate::error::{DiskError, Result};
+use crate::files;
+use crate::gate::{Gate, Writes};
+use crate::index::Index;
+use crate::jobs::worker;
+use crate::probes::{Probes, Verdict};
+use crate::queue::{Item, Queue, Shared};
+use crate::stats::Counters;
+use crate::upkeep::{evict, rebuild};
+use kvoffload_tier::breaker::{Breaker, BreakerState};
+use kvoffload_tier::buf::{first_overlap, RawBuf, RawBufMut};
+use kvoffload_tier::completion::{Completion, CompletionQueue};
+use kvoffload_tier::status::{DROPPED, FAILED, PENDING};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-/// What a store did.
-#[derive(Debug)]
-pub enum Stored {
-    Written,
-    /// The chunk's file was there already: nothing written.
-    Exists,
-    /// Not written (the filesystem full, or failing): the error.
-    Failed(DiskError),
+pub struct DiskJobs {
+    sh: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-/// What a load found.
-#[derive(Debug)]
-pub enum Loaded {
-    /// `dest` holds the chunk, every check passed.
-    Ok,
-    Missing,
-    /// A file that failed a check (why): removed, `dest` must not be used.
-    Corrupt(&'static str),
-    Failed(DiskError),
-}
-
-/// A scan of the directory: each chunk's key and its file's time, and whether every
-/// subdirectory and file could be read.
-pub type Listing = (Vec<(Vec<u8>, std::time::SystemTime)>, bool);
-
-/// Whether reads and writes bypass the page cache: no, yes, or not known yet (buffered).
-const DIRECT_NO: u8 = 0;
-const DIRECT_YES: u8 = 1;
-const DIRECT_UNKNOWN: u8 = 2;
-
-pub struct DiskTier {
-    dir: PathBuf,
-    ns: [u8; 16],
-    layout: Layout,
-    direct: AtomicU8,
-    /// `read_only: true`: nothing is written, removed or touched.
-    read_only: bool,
-    file_mode: u32,
-    notes: Vec<String>,
-    /// Temporary names are `.tmp-<nonce>-<seq>`: a nonce random per open, since engines in other
-    /// containers or on other hosts sharing the directory may have this process's pid.
-    nonce: u64,
-    tmp_seq: AtomicU64,
-    stats: Counters,
-}
-
-impl DiskTier {
-    /// Opens the directory of namespace `ns` under `cfg.path` (creating it where it can) and
-    /// finds out whether its filesystem takes `O_DIRECT`, by reading a chunk's file where there
-    /// is one. Neither needs free space nor write permission: a full or read-only filesystem
-    /// opens, serves what it holds, and says so in `notes`.
-    pub fn open(cfg: DiskConfig, ns: [u8; 16]) -> Result<DiskTier> {
-        cfg.check()?;
-        let dir = cfg
-            .path
-            .join(format!("{}{}", files::DIR_PREFIX, files::hex(&ns)));
-        let mut notes = Vec::new();
-        let cannot_be_dir = |e: io::Error| {
-            DiskError::io(
-                format!(
-                    "path={}: cannot create the tier's directory",
-                    cfg.path.display()
-                ),
-                e,
-            )
-        };
-        check_private(&cfg.path, &dir, cfg.file_mode)?;
-        if cfg.read_only {
-            if cfg.path.exists() && !cfg.path.is_dir() {
-                return Err(cannot_be_dir(io::Error::from_raw_os_error(libc::ENOTDIR)));
-            }
-        } else if let Err(e) = files::make_dirs(&dir, files::dir_mode(cfg.file_mode)) {
-            if !(is_read_only(&e) || is_full(&e)) {
-                return Err(cannot_be_dir(e));
-            }
-            notes.push(format!(
-                "cannot create {} ({e}): serving what is there, writing once it can",
-                dir.display()
-            ));
+impl DiskJobs {
+    /// Opens the tier with `threads` I/O threads and room for `capacity_bytes` of files.
+    pub fn open(
+        cfg: DiskConfig,
+        ns: [u8; 16],
+        capacity_bytes: u64,
+        threads: usize,
+    ) -> Result<Self> {
+        if !(1..=256).contains(&threads) {
+            return Err(DiskError::Config(format!(
+                "io_threads={threads} is out of range; allowed: 1 to 256"
+            )));
         }
-        let direct = match cfg.direct {
-            DirectIo::Off => DIRECT_NO,
-            DirectIo::Auto | DirectIo::On => {
-                match probe_direct(&dir, !cfg.read_only, cfg.file_mode)? {
-                    Some(true) => DIRECT_YES,
-                    Some(false) if cfg.direct == DirectIo::On => {
-                        return Err(DiskError::Config(format!(
-                            "direct_io=on: the filesystem of path={} does not take O_DIRECT; use \
-                         \"auto\" or \"off\"",
-                            cfg.path.display()
-                        )))
-                    }
-                    Some(false) => DIRECT_NO,
-                    // Nothing to read and nothing may be written: "on" is taken at its word.
-                    None if cfg.direct == DirectIo::On => DIRECT_YES,
-                    None => {
-                        notes.push(
-                            "whether the filesystem takes O_DIRECT is not known yet (no chunk to \
-                         read, and no room or permission to write one): buffered I/O until a \
-                         chunk's file is read or written"
-                                .into(),
-                        );
-                        DIRECT_UNKNOWN
-                    }
-                }
-            }
+        cfg.check()?;
+        let per_file = files::file_len(cfg.chunk_bytes);
+        if capacity_bytes < per_file {
+            return Err(DiskError::Config(format!(
+                "capacity_bytes={capacity_bytes} holds no chunk; one takes {per_file} bytes"
+            )));
+        }
+        let rescan = cfg.rescan;
+        let max_store_bytes = cfg.max_store_bytes_in_flight;
+        let breaker = Breaker::new(cfg.breaker_failures, cfg.breaker_cooldown);
+        // A directory that may not be written keeps its files: past the capacity it forgets.
+        let evict_files = cfg.evict_files && !cfg.read_only;
+        let read_only = cfg.read_only;
+        let probes_per_step = cfg.probes_per_step;
+        let probes = Probes::new(probes_per_step, cfg.probe_miss_ttl);
+        let failed_hold = rescan
+            .unwrap_or(Duration::from_secs(10))
+            .max(cfg.probe_miss_ttl);
+        let tier = DiskTier::open(cfg, ns)?;
+        let gate = Gate::new(tier.dir().to_path_buf(), per_file, read_only);
+        let sh = Arc::new(Shared {
+            tier,
+            capacity_files: (capacity_bytes / per_file) as usize,
+            jobs: CompletionQueue::new(Queue {
+                probes: VecDeque::new(),
+                loads: VecDeque::new(),
+                stores: VecDeque::new(),
+                open: HashMap::new(),
+                done: Vec::new(),
+                next_id: 1,
+                closing: false,
+                store_bytes: 0,
+            }),
+            index: Mutex::new(Index::default()),
+            work_cv: Condvar::new(),
+            closed_cv: Condvar::new(),
+            scanned: AtomicBool::new(false),
+            evicted: AtomicU64::new(0),
+            max_store_bytes,
+            dropped: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+            breaker,
+            denied: AtomicU64::new(0),
+            evict_files,
+            read_only,
+            gate,
+            probes: Mutex::new(probes),
+            failed_hold,
+            probes_per_step,
+        });
+        let jobs = DiskJobs {
+            sh: sh.clone(),
+            threads: Mutex::new(Vec::with_capacity(threads + 1)),
         };
-        Ok(DiskTier {
-            dir,
-            ns,
-            layout: Layout::whole(cfg.chunk_bytes),
-            direct: AtomicU8::new(direct),
-            read_only: cfg.read_only,
-            file_mode: cfg.file_mode,
-            notes,
-            nonce: random_u64(),
-            tmp_seq: AtomicU64::new(0),
-            stats: Counters::default(),
-        })
+        let spawn = |f: Box<dyn FnOnce() + Send>| {
+            let handle = std::thread::Builder::new()
+                .name("kvoffload-disk".into())
+                .spawn(f)
+                .map_err(|e| DiskError::io("starting the tier's I/O threads", e))?;
+            jobs.threads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(handle);
+            Ok::<(), DiskError>(())
+        };
+        // A thread the system refuses stops open; those started are stopped by the drop.
+        for _ in 0..threads {
+            let sh = sh.clone();
+            spawn(Box::new(move || worker(&sh)))?;
+        }
+        spawn(Box::new(move || rebuild(&sh, rescan)))?;
+        Ok(jobs)
     }
 
-    /// Whether reads and writes bypass the page cache (not yet known: buffered).
-    pub fn direct(&self) -> bool {
-        self.direct.load(Ordering::Relaxed) == DIRECT_YES
+    pub fn tier(&self) -> &DiskTier {
+        &self.sh.tier
     }
 
-    /// What open found worth saying (a directory it could not create, `O_DIRECT` not known).
-    pub fn notes(&self) -> &[String] {
-        &self.notes
+    /// Whether the index has taken in what the directory held at open (and evicted what did not
+    /// fit the capacity).
+    pub fn scanned(&self) -> bool {
+        self.sh.scanned.load(Ordering::Acquire)
     }
 
-    /// Settles whether the filesystem takes `O_DIRECT` on a chunk's file just written or read,
-    /// where open could not find out.
-    fn settle_direct(&self, path: &Path) {
-        if self.direct.load(Ordering::Relaxed) != DIRECT_UNKNOWN {
+    /// Why the last item failed (with the file's path), or None.
+    pub fn last_error(&self) -> Option<String> {
+        self.sh
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Store items dropped because `max_store_bytes_in_flight` was reached.
+    pub fn stores_dropped(&self) -> u64 {
+        self.sh.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The breaker: "down" while a failing disk is left alone (every item fails at once).
+    pub fn state(&self) -> BreakerState {
+        self.sh.breaker.state()
+    }
+
+    /// Items failed at once, with no I/O, while the breaker was open.
+    pub fn denied(&self) -> u64 {
+        self.sh.denied.load(Ordering::Relaxed)
+    }
+
+    /// Chunks the index holds, and chunks evicted to hold the capacity.
+    pub fn counts(&self) -> (usize, u64) {
+        (
+            self.sh.index().len(),
+            self.sh.evicted.load(Ordering::Relaxed),
+        )
+    }
+
+    /// How many of `keys`, from the first, the index holds (no I/O); none while the breaker is
+    /// open (a load would fail).
+    pub fn lookup_prefix(&self, keys: &[&[u8]]) -> usize {
+        if self.sh.breaker.state() == BreakerState::Down {
+            return 0;
+        }
+        let ix = self.sh.index();
+        keys.iter().take_while(|k| ix.contains(k)).count()
+    }
+
+    /// `lookup_prefix`, and whether to ask again next step: where the index lacks a key, this
+    /// step's probes (sent at `flush`) look for the files from there on, on the I/O threads, and
+    /// until one has answered the lookup waits. `request` names who asks (a request's later keys
+    /// join its probe). No I/O here.
+    pub fn lookup(&self, keys: &[&[u8]], request: &str) -> (usize, bool) {
+        let found = self.lookup_prefix(keys);
+        if found == keys.len()
+            || self.sh.probes_per_step == 0
+            || self.sh.breaker.state() == BreakerState::Down
+        {
+            return (found, false);
+        }
+        let verdict = self
+            .sh
+            .probes()
+            .ask(&keys[found..], request, false, Instant::now());
+        (found, verdict == Verdict::Wait)
+    }
+
+    /// `lookup` of one key, for a caller that asks a prompt key by key (vLLM's tiering): a key
+    /// that waits on a probe ends the step's lookups of a prompt with no hit before it (they
+    /// are misses: the one file is looked for), and a prompt with hits has its later keys join
+    /// its probe.
+    pub fn lookup_key(&self, key: &[u8], request: &str) -> (bool, bool) {
+        let found = self.lookup_prefix(&[key]) == 1;
+        if self.sh.probes_per_step == 0 || self.sh.breaker.state() == BreakerState::Down {
+            return (found, false);
+        }
+        let mut probes = self.sh.probes();
+        if found {
+            probes.hit(request);
+            return (true, false);
+        }
+        let verdict = probes.ask(&[key], request, true, Instant::now());
+        (false, verdict == Verdict::Wait)
+    }
+
+    /// Hands this step's probes to the I/O threads (once a step, after its lookups).
+    pub fn flush(&self) {
+        let sent = self.sh.probes().flush(Instant::now());
+        if sent.is_empty() {
             return;
         }
-        if let Ok(yes) = read_probe(path) {
-            let v = if yes { DIRECT_YES } else { DIRECT_NO };
-            let _ = self.direct.compare_exchange(
-                DIRECT_UNKNOWN,
-                v,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
+        let mut q = self.sh.lock();
+        if q.closing {
+            // No thread is left to run them: they end finding nothing.
+            drop(q);
+            let mut probes = self.sh.probes();
+            for keys in &sent {
+                probes.done(keys, None, Instant::now());
+            }
+            return;
+        }
+        q.probes.extend(sent);
+        drop(q);
+        self.sh.work_cv.notify_all();
+    }
+
+    /// Probes sent or still to send.
+    pub fn probes_in_flight(&self) -> usize {
+        self.sh.probes().in_flight()
+    }
+
+    /// Whether stores are written now, or dropped (a full or read-only filesystem).
+    pub fn writes(&self) -> Writes {
+        self.sh.gate.writes()
+    }
+
+    /// Takes `keys` into the index as just used, without I/O: chunks written through another
+    /// handle on this directory, known here before the next scan lists them.
+    pub fn note_present(&self, keys: &[&[u8]]) {
+        {
+            let mut ix = self.sh.index();
+            for key in keys {
+                ix.touch(key);
+            }
+        }
+        evict(&self.sh);
+    }
+
+    /// Drops `keys` from the index, without I/O: chunks a load through another handle found
+    /// absent or damaged. They are misses until a later scan lists a file of one again, and
+    /// for a rescan's interval at least (no probe finds them again meanwhile).
+    pub fn note_missing(&self, keys: &[&[u8]]) {
+        // Held first, then out of the index: a probe ending between the two sees the hold.
+        {
+            let until = Instant::now() + self.sh.failed_hold;
+            let mut probes = self.sh.probes();
+            for key in keys {
+                probes.miss(key, until);
+            }
+        }
+        let mut ix = self.sh.index();
+        for key in keys {
+            ix.remove(key);
         }
     }
 
-    /// The namespace's directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    pub fn submit_store(&self, items: Vec<(Vec<u8>, RawBuf)>) -> Result<u64> {
+        self.check(items.iter().map(|(k, b)| (k.len(), b.len())))?;
+        Ok(self.submit(items.into_iter().map(|(k, b)| Item::Store(k, b)).collect()))
     }
 
-    pub fn chunk_bytes(&self) -> usize {
-        self.layout.chunk_bytes
-    }
-
-    pub fn stats(&self) -> Stats {
-        self.stats.snapshot()
-    }
-
-    pub(crate) fn counters(&self) -> &Counters {
-        &self.stats
-    }
-
-    fn path_of(&self, key: &[u8]) -> Result<PathBuf> {
-        if key.is_empty() || key.len() > MAX_KEY_BYTES {
+    pub fn submit_load(&self, items: Vec<(Vec<u8>, RawBufMut)>) -> Result<u64> {
+        self.check(items.iter().map(|(k, b)| (k.len(), b.len())))?;
+        if let Some((a, b)) = first_overlap(&items) {
             return Err(DiskError::Config(format!(
-                "a key of {} bytes; allowed: 1 to {MAX_KEY_BYTES}",
-                key.len()
+                "load items {a} and {b} overlap in memory; each needs a chunk of its own"
             )));
         }
-        Ok(files::chunk_path(&self.dir, key))
+        Ok(self.submit(items.into_iter().map(|(k, b)| Item::Load(k, b)).collect()))
     }
 
-    /// Whether chunk `key` has a file of its own (not a symlink; not checked: a load checks).
-    pub fn exists(&self, key: &[u8]) -> bool {
-        self.path_of(key)
-            .is_ok_and(|p| self.fan_ok(&p) && is_file(&p))
-    }
-
-    /// Whether the subdirectory of the chunk's file at `path` is one (or not there yet): not a
-    /// symlink planted in its place (counted), nor one other users may write.
-    fn fan_ok(&self, path: &Path) -> bool {
-        use std::os::unix::fs::PermissionsExt;
-        let parent = path.parent().expect("a chunk's file has a directory");
-        match fs::symlink_metadata(parent) {
-            Ok(m) if m.file_type().is_symlink() => {
-                Counters::add(&self.stats.symlinks, 1);
-                false
+    fn check(&self, items: impl Iterator<Item = (usize, usize)>) -> Result<()> {
+        let chunk = self.sh.tier.chunk_bytes();
+        for (i, (key, len)) in items.enumerate() {
+            if len != chunk {
+                return Err(DiskError::Config(format!(
+                    "item {i} has {len} bytes; this tier's chunks are {chunk}"
+                )));
             }
-            Ok(m) => m.is_dir() && m.permissions().mode() & self.others_write() == 0,
-            Err(_) => true,
-        }
-    }
-
-    /// The mode bits by which users other than the engines' could write a directory.
-    fn others_write(&self) -> u32 {
-        0o002
-            | if self.file_mode & 0o020 != 0 {
-                0
-            } else {
-                0o020
+            if !(1..=files::MAX_KEY_BYTES).contains(&key) {
+                return Err(DiskError::Config(format!(
+                    "item {i} has a key of {key} bytes; allowed: 1 to {}",
+                    files::MAX_KEY_BYTES
+                )));
             }
-    }
-
-    /// Writes chunk `key` (`payload`, exactly `chunk_bytes`) unless its file is there. The file
-    /// is written under a temporary name and renamed, so it appears whole or not at all.
-    pub fn store(&self, key: &[u8], payload: &[u8]) -> Stored {
-        let out = self.try_store(key, payload);
-        let c = &self.stats;
-        match &out {
-            Stored::Written => {
-                Counters::add(&c.stored_chunks, 1);
-                Counters::add(&c.bytes_written, payload.len() as u64);
-            }
-            Stored::Exists => Counters::add(&c.store_exists, 1),
-            Stored::Failed(e) => {
-                Counters::add(&c.store_failures, 1);
-                if e.is_full() {
-                    Counters::add(&c.stores_full, 1);
-                } else if e.is_read_only() {
-                    Counters::add(&c.stores_read_only, 1);
-                }
-            }
-        }
-        out
-    }
-
-    fn try_store(&self, key: &[u8], payload: &[u8]) -> Stored {
-        if payload.len() != self.layout.chunk_bytes {
-            return Stored::Failed(DiskError::Config(format!(
-                "a payload of {} bytes; this tier's chunks are {}",
-                payload.len(),
-                self.layout.chunk_bytes
-            )));
-        }
-        let path = match self.path_of(key) {
-            Ok(p) => p,
-            Err(e) => return Stored::Failed(e),
-        };
-        if !self.fan_ok(&path) {
-            let e = io::Error::from_raw_os_error(libc::ELOOP);
-            let what = format!("{} is a symlink: never written through", path.display());
-            return Stored::Failed(DiskError::io(what, e));
-        }
-        if is_file(&path) {
-            return Stored::Exists;
-        }
-        // Read once: a first file may settle it meanwhile, and one write uses one way.
-        let direct = self.direct();
-        let parent = path.parent().expect("a chunk's file has a directory");
-        let tmp = parent.join(format!(
-            "{TMP_PREFIX}{:016x}-{}",
-            self.nonce,
-            self.tmp_seq.fetch_add(1, Ordering::Relaxed)
-        ));
-        let file = match files::create(&tmp, direct, self.file_mode) {
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                // First file of its subdirectory, or the directory was removed under us.
-                if let Err(e) = files::make_dirs(parent, files::dir_mode(self.file_mode)) {
-                    let what = format!("creating {}", parent.display());
-                    return Stored::Failed(DiskError::io(what, e));
-                }
-                files::create(&tmp, direct, self.file_mode)
-            }
-            other => other,
-        };
-        // Only a file this call created is removed on failure (never another writer's).
-        let file = match file {
-            Ok(f) => f,
-            Err(e) => {
-                return Stored::Failed(DiskError::io(format!("creating {}", tmp.display()), e))
-            }
-        };
-        if let Err(e) = self.write_chunk(&file, key, payload, direct) {
-            let _ = fs::remove_file(&tmp);
-            return Stored::Failed(DiskError::io(format!("writing {}", tmp.display()), e));
-        }
-        // rename replaces a file another writer renamed meanwhile: both are whole and hold the
-        // same chunk, and a reader sees one or the other.
-        if let Err(e) = fs::rename(&tmp, &path) {
-            let _ = fs::remove_file(&tmp);
-            let what = format!("renaming a chunk to {}", path.display());
-            return Stored::Failed(DiskError::io(what, e));
-        }
-        self.settle_direct(&path);
-        Stored::Written
-    }
-
-    fn write_chunk(&self, f: &File, key: &[u8], payload: &[u8], direct: bool) -> io::Result<()> {
-        let header = Header::for_chunk(&self.layout, &self.ns, key, payload).encode();
-        let mut block = AlignedBuf::new(HEADER_BLOCK);
-        block.as_mut_slice()[..HEADER_LEN].copy_from_slice(&header);
-        let padded = round_up(payload.len());
-        if !direct || (is_aligned(payload) && padded == payload.len()) {
-            files::write_all_at(f, &[block.as_slice(), payload], 0)?;
-        } else {
-            // O_DIRECT needs aligned memory and whole blocks: through a bounce buffer.
-            let mut bounce = AlignedBuf::new(padded);
-            bounce.as_mut_slice()[..payload.len()].copy_from_slice(payload);
-            files::write_all_at(f, &[block.as_slice(), bounce.as_slice()], 0)?;
-        }
-        if !direct {
-            // The padding; with O_DIRECT the bounce buffer wrote it.
-            f.set_len(files::file_len(payload.len()))?;
-            files::drop_cache(f);
         }
         Ok(())
     }
 
-    /// Reads chunk `key` into `dest` (exactly `chunk_bytes`), checking its length, header and
-    /// CRC32C; a file that fails a check is removed.
-    pub fn load(&self, key: &[u8], dest: &mut [u8]) -> Loaded {
-        let out = self.try_load(key, dest);
-        let c = &self.stats;
-        match &out {
-            Loaded::Ok => {
-                Counters::add(&c.loaded_chunks, 1);
-                Counters::add(&c.bytes_read, dest.len() as u64);
-            }
-            Loaded::Missing => Counters::add(&c.load_missing, 1),
-            Loaded::Corrupt(_) => Counters::add(&c.corrupt, 1),
-            Loaded::Failed(_) => Counters::add(&c.load_failures, 1),
-        }
-        out
-    }
-
-    fn try_load(&self, key: &[u8], dest: &mut [u8]) -> Loaded {
-        if dest.len() != self.layout.chunk_bytes {
-            return Loaded::Failed(DiskError::Config(format!(
-                "a destination of {} bytes; this tier's chunks are {}",
-                dest.len(),
-                self.layout.chunk_bytes
-            )));
-        }
-        let path = match self.path_of(key) {
-            Ok(p) => p,
-            Err(e) => return Loaded::Failed(e),
-        };
-        let direct = self.direct();
-        if !self.fan_ok(&path) {
-            return Loaded::Missing;
-        }
-        let f = match files::open(&path, direct) {
-            Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Loaded::Missing,
-            Err(e) if files::is_symlink_error(&e) => {
-                Counters::add(&self.stats.symlinks, 1);
-                return Loaded::Missing;
-            }
-            Err(e) => {
-                return Loaded::Failed(DiskError::io(format!("opening {}", path.display()), e))
-            }
-        };
-        let meta = match f.metadata() {
-            Ok(m) => m,
-            Err(e) => {
-                return Loaded::Failed(DiskError::io(format!("reading {}", path.display()), e))
-            }
-        };
-        if meta.len() != files::file_len(dest.len()) {
-            self.remove_damaged(&f, &path);
-            return Loaded::Corrupt("file has the wrong length");
-        }
-        let got = match self.read_chunk(&f, key, dest, direct) {
-            Ok(got) => got,
-            // A file shorter than its header says: cut short (a crash, a full disk elsewhere).
-            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Loaded::Corrupt("file is truncated"),
-            Err(e) => Loaded::Failed(DiskError::io(format!("reading {}", path.display()), e)),
-        };
-        match got {
-            Loaded::Ok if !self.read_only => {
-                // The file's time is the recency every engine sharing the directory (and the
-                // next one to open it) orders eviction by: a hit here keeps it for them too.
-                let _ = f.set_modified(std::time::SystemTime::now());
-                self.settle_direct(&path);
-            }
-            Loaded::Ok => self.settle_direct(&path),
-            Loaded::Corrupt(_) => self.remove_damaged(&f, &path),
-            _ => {}
-        }
-        got
-    }
-
-    fn read_chunk(
-        &self,
-        f: &File,
-        key: &[u8],
-        dest: &mut [u8],
-        direct: bool,
-    ) -> io::Result<Loaded> {
-        // The header block and the payload in one read: the header is checked after it.
-        let mut block = AlignedBuf::new(HEADER_BLOCK);
-        let padded = round_up(dest.len());
-        let bounce = if !direct || (is_aligned(dest) && padded == dest.len()) {
-            files::read_all_at(f, &mut [block.as_mut_slice(), dest], 0)?;
-            None
-        } else {
-            let mut bounce = AlignedBuf::new(padded);
-            files::read_all_at(f, &mut [block.as_mut_slice(), bounce.as_mut_slice()], 0)?;
-            Some(bounce)
-        };
-        if !direct {
-            files::drop_cache(f);
-        }
-        let raw: &[u8; HEADER_LEN] = block.as_slice()[..HEADER_LEN]
-            .try_into()
-            .expect("a header block holds a header");
-        let header = match Header::decode_checked(raw, &self.layout, &self.ns, key) {
-            Ok(h) => h,
-            Err(why) => return Ok(Loaded::Corrupt(why)),
-        };
-        if let Some(bounce) = bounce {
-            dest.copy_from_slice(&bounce.as_slice()[..dest.len()]);
-        }
-        if crc(dest) != header.payload_crc {
-            return Ok(Loaded::Corrupt("payload checksum mismatch"));
-        }
-        Ok(Loaded::Ok)
-    }
-
-    /// A file that failed a check goes (it would fail every load), unless nothing may be removed.
-    fn remove_damaged(&self, f: &File, path: &Path) {
-        if !self.read_only {
-            remove_if_same(f, path);
-        }
-    }
-
-    /// Whether a subdirectory's chunks may be served: one left more open than `file_mode` (a
-    /// cache of an older version, or written under another umask) is given this tier's mode; one
-    /// that stays writable by other users is left out (they could have planted its files).
-    fn private_fan(&self, fan: &Path) -> bool {
-        use std::os::unix::fs::PermissionsExt;
-        let want = files::dir_mode(self.file_mode);
-        let Ok(mode) = fs::symlink_metadata(fan).map(|m| m.permissions().mode() & 0o777) else {
-            return false;
-        };
-        if mode & !want == 0 {
-            return true;
-        }
-        if !self.read_only && files::set_mode(fan, want).is_ok() {
-            return true;
-        }
-        mode & self.others_write() == 0
-    }
-
-    /// Gives a chunk's file this tier's mode, if it is more open (best effort, never when
-    /// `read_only`).
-    fn own_mode(&self, file: &Path, meta: &fs::Metadata) {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = meta.permissions().mode() & 0o777;
-        if !self.read_only && mode & !self.file_mode != 0 {
-            let _ = files::set_mode(file, self.file_mode);
-        }
-    }
-
-    /// Whether chunk `key` has a whole file (its length; a load checks the rest): what a probe
-    /// looks for.
-    pub fn has_file(&self, key: &[u8]) -> bool {
-        self.path_of(key).is_ok_and(|p| {
-            self.fan_ok(&p)
-                && fs::symlink_metadata(p).is_ok_and(|m| {
-                    m.is_file() && m.len() == files::file_len(self.layout.chunk_bytes)
-                })
-        })
-    }
-
-    /// Removes chunk `key`'s file, if any (eviction); never through a symlinked subdirectory.
-    pub fn remove(&self, key: &[u8]) -> Result<bool> {
-        let path = self.path_of(key)?;
-        if !self.fan_ok(&path) {
-            return Ok(false);
-        }
-        match fs::remove_file(path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(DiskError::io("removing a chunk", e)),
-        }
-    }
-
-    /// Every chunk with a file in this namespace's directory (key, last modified), for the
-    /// index an engine rebuilds at start-up, and whether the listing is complete (false: some
-    /// subdirectory or file could not be read, so an absent chunk may still have its file).
-    /// Names that are not a chunk's are left alone, and temporary files an hour old (writes a
-    /// crash cut short) are removed.
-    pub fn scan(&self) -> Result<Listing> {
-        let mut out = Vec::new();
-        let mut complete = true;
-        // Gone meanwhile (another engine's eviction) is not a gap in the listing.
-        let mut seen = |e: &io::Error| complete &= e.kind() == ErrorKind::NotFound;
-        let subdirs = fs::read_dir(&self.dir).map_err(|e| DiskError::io("listing the tier", e))?;
-        for sub in subdirs {
-            let sub = match sub {
-                Ok(sub) => sub,
-                Err(e) => {
-                    seen(&e);
-                    continue;
-                }
+    fn submit(&self, items: Vec<Item>) -> u64 {
+        let mut q = self.sh.lock();
+        let id = q.next_id;
+        q.next_id += 1;
+        let chunk = self.sh.tier.chunk_bytes() as u64;
+        let store_bytes = items
+            .iter()
+            .filter(|i| matches!(i, Item::Store(..)))
+            .count() as u64
+            * chunk;
+        let full = store_bytes > 0 && q.store_bytes + store_bytes > self.sh.max_store_bytes;
+        let read_only = store_bytes > 0 && self.sh.read_only;
+        if items.is_empty() || q.closing || full || read_only {
+            let status = if (full || read_only) && !q.closing {
+                DROPPED
+            } else {
+                FAILED
             };
-            // Only `<2 hex digits>` subdirectories hold chunks, each the keys of its fan.
-            let fan = match sub.file_name().to_str().and_then(files::unhex).as_deref() {
-                Some(&[fan]) => fan,
-                _ => continue,
+            if status == DROPPED {
+                let n = items.len() as u64;
+                if read_only {
+                    Counters::add(&self.sh.tier.counters().stores_read_only, n);
+                } else {
+                    self.sh.dropped.fetch_add(n, Ordering::Relaxed);
+                }
+            }
+            let statuses = vec![status; items.len()];
+            let c = Completion {
+                job_id: id,
+                statuses,
             };
-            if sub.file_type().is_ok_and(|t| t.is_symlink()) {
-                Counters::add(&self.stats.symlinks, 1);
-                continue;
-            }
-            if !self.private_fan(&sub.path()) {
-                continue;
-            }
-            let entries = match fs::read_dir(sub.path()) {
-                Ok(entries) => entries,
-                Err(e) => {
-                    seen(&e);
-                    continue;
-                }
-            };
-            for entry in entries {
-                let entry = match entry {
-                    Ok(entry) => entry,
-                    Err(e) => {
-                        seen(&e);
-                        continue;
-                    }
-                };
-                let name = entry.file_name();
-                if entry.file_type().is_ok_and(|t| t.is_symlink()) {
-                    Counters::add(&self.stats.symlinks, 1);
-                    continue;
-                }
-                if name.to_string_lossy().starts_with(TMP_PREFIX) {
-                    if !self.read_only {
-                        remove_if_stale(&entry.path());
-                    }
-                    continue;
-                }
-                let Some(key) = name.to_str().and_then(files::unhex) else {
-                    continue;
-                };
-                if key.is_empty() || key.len() > MAX_KEY_BYTES || files::fan_of(&key) != fan {
-                    continue;
-                }
-                match entry.metadata() {
-                    Ok(meta) => {
-                        self.own_mode(&entry.path(), &meta);
-                        match meta.modified() {
-                            Ok(modified) => out.push((key, modified)),
-                            Err(e) => seen(&e),
-                        }
-                    }
-                    Err(e) => seen(&e),
-                }
+            self.sh.jobs.complete(q, c);
+            return id;
+        }
+        q.store_bytes += store_bytes;
+        q.open.insert(id, (vec![PENDING; items.len()], items.len()));
+        for (i, item) in items.into_iter().enumerate() {
+            match item {
+                Item::Load(..) => q.loads.push_back((id, i, item)),
+                Item::Store(..) => q.stores.push_back((id, i, item)),
             }
         }
-        Ok((out, complete))
+        drop(q);
+        self.sh.work_cv.notify_all();
+        id
     }
-}
 
-/// Whether `dir`'s filesystem takes `O_DIRECT`: a block of a chunk's file read through it, or
-/// where there is none and `may_write`, a block written and read back. Only `EINVAL` (the
-/// filesystem refuses the flag or the alignment) means no; None: not known (nothing to read, and
-/// no room or permission to write); another error is the directory's, and stops open.
-fn probe_direct(dir: &Path, may_write: bool, mode: u32) -> Result<Option<bool>> {
-    if let Some(yes) = any_chunk_file(dir).and_then(|p| read_probe(&p).ok()) {
-        return Ok(Some(yes));
+    /// The jobs that completed since the last call.
+    pub fn poll(&self) -> Vec<Completion> {
+        self.sh.jobs.poll()
     }
-    if !may_write {
-        return Ok(None);
-    }
-    let path = dir.join(format!("{TMP_PREFIX}probe-{:016x}", random_u64()));
-    let created = match files::create(&path, true, mode) {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(Some(false)),
-        Err(e) if is_read_only(&e) || is_full(&e) || e.kind() == ErrorKind::NotFound => {
-            return Ok(None)
-        }
-        Err(e) => return Err(DiskError::io(format!("creating {}", path.display()), e)),
-    };
-    let tried = (|| -> io::Result<()> {
-        let block = AlignedBuf::new(ALIGN);
-        created.write_all_at(block.as_slice(), 0)?;
-        let r = files::open(&path, true)?;
-        let mut back = AlignedBuf::new(ALIGN);
-        r.read_exact_at(back.as_mut_slice(), 0)
-    })();
-    let _ = fs::remove_file(&path);
-    match tried {
-        Ok(()) => Ok(Some(true)),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(Some(false)),
-        Err(e) if is_full(&e) => Ok(None),
-        Err(e) => Err(DiskError::io(
-            format!("probing O_DIRECT in {}", dir.display()),
-            e,
-        )),
-    }
-}
 
-/// Some chunk's file under `dir`, if there is one (the first found).
-fn any_chunk_file(dir: &Path) -> Option<PathBuf> {
-    for sub in fs::read_dir(dir).ok()?.flatten() {
-        let is_fan = sub
-            .file_name()
-            .to_str()
-            .and_then(files::unhex)
-            .is_some_and(|b| b.len() == 1)
-            && sub.file_type().is_ok_and(|t| t.is_dir());
-        if !is_fan {
-            continue;
-        }
-        let Ok(entries) = fs::read_dir(sub.path()) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let chunk = entry.file_name().to_str().and_then(files::unhex).is_some();
-            if chunk && entry.file_type().is_ok_and(|t| t.is_file()) {
-                return Some(entry.path());
-            }
+    /// Waits up to `timeout` for a completion; returns every one there is.
+    pub fn wait(&self, timeout: Duration) -> Vec<Completion> {
+        self.sh.jobs.wait(timeout)
+    }
+
+    /// Waits until no job is in flight, or `timeout`; returns every completion there is.
+    pub fn drain(&self, timeout: Duration) -> Vec<Completion> {
+        self.sh.jobs.drain(timeout)
+    }
+
+    /// Jobs submitted and not yet complete.
+    pub fn in_flight(&self) -> usize {
+        self.sh.lock().open.len()
+    }
+
+    /// Finishes the jobs in flight (each item's I/O is bounded by the filesystem), then stops
+    /// the threads; completions not taken stay for `poll`.
+    pub fn close(&self) {
+        self.sh.lock().closing = true;
+        self.sh.work_cv.notify_all();
+        self.sh.closed_cv.notify_all();
+        // Joined under the lock: a second caller returns only once every thread has stopped
+        // (the binding frees the lent buffers when close returns).
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        for h in threads.drain(..) {
+            let _ = h.join();
         }
     }
-    None
 }
 
-/// Whether the first block of the file at `path` reads through `O_DIRECT` (false: `EINVAL`).
-fn read_probe(path: &Path) -> io::Result<bool> {
-    let f = match files::open(path, true) {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    let mut block = AlignedBuf::new(ALIGN);
-    match f.read_exact_at(block.as_mut_slice(), 0) {
-        Ok(()) => Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
-        Err(e) => Err(e),
+impl Drop for DiskJobs {
+    fn drop(&mut self) {
+        self.close();
     }
-}
-
-/// A temporary file an hour old is a write that never ended (a crash): removed. Younger ones
-/// may be another engine's write in progress.
-fn remove_if_stale(path: &Path) {
-    let old = fs::symlink_metadata(path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())
-        .is_some_and(|age| age > std::time::Duration::from_secs(3600));
-    if old {
-        let _ = fs::remove_file(path);
-    }
-}
-
-/// Removes the file at `path` only if it is still the one `f` read: another writer may have
-/// renamed a good file into place since.
-fn remove_if_same(f: &File, path: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let (Ok(open), Ok(now)) = (f.metadata(), fs::symlink_metadata(path)) else {
-        return;
-    };
-    if (open.dev(), open.ino()) == (now.dev(), now.ino()) {
-        let _ = fs::remove_file(path);
-    }
-}
-
-/// A random 64-bit number (the standard library's per-process hash keys).
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
-    );
-    h.finish()
-}
-
-/// Whether `path` is a regular file itself (not a symlink to one).
-fn is_file(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
-}
-
-/// Refuses a tier directory that users other than its owner may write (they could plant a
-/// chunk file with a good header and checksum, which would be served), one another user owns
-/// (root aside), or whose namespace directory is a symlink. Group write, and a group member's
-/// ownership, are allowed where `file_mode` shares with the group; on a filesystem mounted
-/// read-only nobody can plant anything.
-fn check_private(path: &Path, dir: &Path, file_mode: u32) -> Result<()> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    if files::real_dir(dir).is_ok_and(|d| d == Some(false)) {
-        return Err(DiskError::Config(format!(
-            "path={}: {} is not a directory of its own (a symlink, or a file): remove it",
-            path.display(),
-            dir.display()
-        )));
-    }
-    if mounted_read_only(path) {
-        return Ok(());
-    }
-    let group_shared = file_mode & 0o020 != 0;
-    // SAFETY: geteuid has no failure mode and touches no memory.
-    let me = unsafe { libc::geteuid() };
-    for p in [path, dir] {
-        let Ok(meta) = fs::metadata(p) else { continue };
-        let mode = meta.permissions().mode() & 0o7777;
-        if meta.uid() != me && meta.uid() != 0 && !group_shared {
-            return Err(DiskError::Config(format!(
-                "path={}: {} is owned by uid {}, not by this engine's user (uid {me}) nor root: \
-                 its owner could put chunk files there that would be served; give the tier a \
-                 directory of its own (or file_mode 0660, for engines of one group)",
-                path.display(),
-                p.display(),
-                meta.uid()
-            )));
-        }
-        let open_to = if mode & 0o002 != 0 {
-            "every user"
-        } else if mode & 0o020 != 0 && !group_shared {
-            "its group"
-        } else {
-            continue;
-        };
-        return Err(DiskError::Config(format!(
-            "path={}: {} is writable by {open_to} (mode {mode:04o}): another user could put a \
-             chunk file there that would be served; give the tier a directory only its engines' \
-             user can write (chmod go-w, or a subdirectory of mode 0700), or file_mode 0660 to \
-             share it with the group",
-            path.display(),
-            p.display(),
-        )));
-    }
-    Ok(())
-}
-
-/// Whether `path`'s filesystem is mounted read-only (nobody can write it).
-fn mounted_read_only(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Some(existing) = path.ancestors().find(|p| p.exists()) else {
-        return false;
-    };
-    let Ok(c) = std::ffi::CString::new(existing.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: a zeroed statvfs is a valid out-parameter; the path is NUL-terminated.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    unsafe { libc::statvfs(c.as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_RDONLY != 0 }
 }

@@ -6,8 +6,8 @@ mod common;
 use common::jobs::{data, key, load, open, open_with, store, wait, CHUNK, FILE, NS};
 use common::TempDir;
 use kvoffload_disk::{BreakerState, DiskConfig, DiskJobs};
-use kvoffload_format::buf::{RawBuf, RawBufMut};
-use kvoffload_format::status::{DROPPED, EXISTS, FAILED, MISSING, OK};
+use kvoffload_tier::buf::{RawBuf, RawBufMut};
+use kvoffload_tier::status::{DROPPED, EXISTS, FAILED, MISSING, OK};
 use std::time::{Duration, Instant};
 
 fn files_on_disk(jobs: &DiskJobs) -> usize {

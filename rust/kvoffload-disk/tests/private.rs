@@ -10,7 +10,7 @@ use common::files::{config, mode, tree};
 use common::jobs::{data, key, load, open_cfg, store, FILE, NS};
 use common::TempDir;
 use kvoffload_disk::{DiskError, DiskJobs};
-use kvoffload_format::status::{MISSING, OK};
+use kvoffload_tier::status::{MISSING, OK};
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@ mod common;
 use common::files::{config, mode, tree};
 use common::jobs::{open_cfg, store};
 use common::TempDir;
-use kvoffload_format::status::OK;
+use kvoffload_tier::status::OK;
 
 #[test]
 fn files_and_directories_get_file_modes_mode_under_a_permissive_umask() {

@@ -1,9 +1,11 @@
-//! `DiskTier`: the disk tier of `kvoffload-disk` (buffers are lent as `lent.rs` says); every call
-//! that waits or does I/O releases the GIL.
+//! `DiskTier`: the disk tier of `kvoffload-disk` (its jobs driven as `tier_glue.rs` says); every
+//! call that waits or does I/O releases the GIL.
 
 use crate::keys::KeyArg;
-use crate::lent::{load_items, store_items, Lent};
-use kvoffload_disk::{BreakerState, DirectIo, DiskConfig, DiskError, DiskJobs};
+use crate::lent::Loan;
+use crate::tier_glue::{Lending, TierHandle};
+use kvoffload_disk::{BreakerState, Completion, DirectIo, DiskConfig, DiskError, DiskJobs};
+use kvoffload_tier::buf::{RawBuf, RawBufMut};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -17,31 +19,43 @@ fn to_py(err: DiskError) -> PyErr {
     }
 }
 
-fn timeout(v: f64) -> PyResult<Duration> {
-    if !v.is_finite() || !(0.0..=86400.0).contains(&v) {
-        return Err(PyValueError::new_err(format!(
-            "timeout_s={v} is out of range; allowed: 0 to 86400 seconds"
-        )));
+impl TierHandle for DiskJobs {
+    type Error = DiskError;
+
+    fn chunk_bytes(&self) -> usize {
+        self.tier().chunk_bytes()
     }
-    Ok(Duration::from_secs_f64(v))
+    fn submit_store(&self, items: Vec<(Vec<u8>, RawBuf)>) -> Result<u64, DiskError> {
+        DiskJobs::submit_store(self, items)
+    }
+    fn submit_load(&self, items: Vec<(Vec<u8>, RawBufMut)>) -> Result<u64, DiskError> {
+        DiskJobs::submit_load(self, items)
+    }
+    fn poll(&self) -> Vec<Completion> {
+        DiskJobs::poll(self)
+    }
+    fn wait(&self, timeout: Duration) -> Vec<Completion> {
+        DiskJobs::wait(self, timeout)
+    }
+    fn drain(&self, timeout: Duration) -> Vec<Completion> {
+        DiskJobs::drain(self, timeout)
+    }
+    fn close(&self) {
+        DiskJobs::close(self)
+    }
+    fn to_py(err: DiskError) -> PyErr {
+        to_py(err)
+    }
 }
 
 #[pyclass(frozen, module = "kvoffload._rust")]
 pub struct DiskTier {
-    // Declared first so it drops first: its drop joins the I/O threads, and only then may the
-    // owners below release the memory those threads were reading or writing.
-    jobs: DiskJobs,
-    lent: Lent,
+    io: Lending<DiskJobs>,
 }
 
 impl DiskTier {
-    fn handed_out<'py>(
-        &self,
-        py: Python<'py>,
-        done: Vec<kvoffload_disk::Completion>,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let done = done.into_iter().map(|c| (c.job_id, c.statuses)).collect();
-        self.lent.handed_out(py, done)
+    fn jobs(&self) -> &DiskJobs {
+        &self.io.handle
     }
 }
 
@@ -126,43 +140,42 @@ impl DiskTier {
             .detach(|| DiskJobs::open(cfg, ns, capacity_bytes, io_threads))
             .map_err(to_py)?;
         Ok(DiskTier {
-            jobs,
-            lent: Lent::default(),
+            io: Lending::new(jobs),
         })
     }
 
     #[getter]
     fn chunk_bytes(&self) -> usize {
-        self.jobs.tier().chunk_bytes()
+        self.jobs().tier().chunk_bytes()
     }
 
     /// Whether reads and writes bypass the page cache (`O_DIRECT`).
     #[getter]
     fn direct(&self) -> bool {
-        self.jobs.tier().direct()
+        self.jobs().tier().direct()
     }
 
     /// Whether the index has taken in what the directory held at open.
     #[getter]
     fn scanned(&self) -> bool {
-        self.jobs.scanned()
+        self.jobs().scanned()
     }
 
     /// Why the last item failed (with the file's path), or None.
     #[getter]
     fn last_error(&self) -> Option<String> {
-        self.jobs.last_error()
+        self.jobs().last_error()
     }
 
     /// The breaker: "up", "down" (a failing disk: every item fails at once) or "half-open".
     #[getter]
     fn state(&self) -> &'static str {
-        self.jobs.state().name()
+        self.jobs().state().name()
     }
 
     /// How many of `keys`, from the first, the tier holds (its index: no I/O).
     fn lookup_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
-        KeyArg::extract(keys)?.run(py, |k| Ok(self.jobs.lookup_prefix(k)))
+        KeyArg::extract(keys)?.run(py, |k| Ok(self.jobs().lookup_prefix(k)))
     }
 
     /// `lookup_prefix`, and whether to ask again next step: where the index lacks a key, this
@@ -173,41 +186,41 @@ impl DiskTier {
         keys: &Bound<'_, PyAny>,
         request: &str,
     ) -> PyResult<(usize, bool)> {
-        KeyArg::extract(keys)?.run(py, |k| Ok(self.jobs.lookup(k, request)))
+        KeyArg::extract(keys)?.run(py, |k| Ok(self.jobs().lookup(k, request)))
     }
 
     /// `lookup` of one key (a caller that asks key by key, as vLLM's tiering): whether the
     /// index holds it, and whether to ask again next step.
     fn lookup_key(&self, py: Python<'_>, key: &[u8], request: &str) -> (bool, bool) {
-        py.detach(|| self.jobs.lookup_key(key, request))
+        py.detach(|| self.jobs().lookup_key(key, request))
     }
 
     /// Hands this step's probes to the I/O threads (once a step, after its lookups).
     fn flush(&self) {
-        self.jobs.flush();
+        self.jobs().flush();
     }
 
     /// Probes sent or still to send.
     fn probes_in_flight(&self) -> usize {
-        self.jobs.probes_in_flight()
+        self.jobs().probes_in_flight()
     }
 
     /// Whether stores are written: "ok", "full" or "read-only" (dropped, reads go on).
     #[getter]
     fn writes(&self) -> &'static str {
-        self.jobs.writes().name()
+        self.jobs().writes().name()
     }
 
     /// What open found worth saying once (a directory it could not create, O_DIRECT unknown).
     #[getter]
     fn notes(&self) -> Vec<String> {
-        self.jobs.tier().notes().to_vec()
+        self.jobs().tier().notes().to_vec()
     }
 
     /// Takes `keys` into the index as just used, without I/O (written through another handle).
     fn note_present(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         KeyArg::extract(keys)?.run(py, |k| {
-            self.jobs.note_present(k);
+            self.jobs().note_present(k);
             Ok(())
         })
     }
@@ -215,7 +228,7 @@ impl DiskTier {
     /// Drops `keys` from the index, without I/O (a load through another handle missed them).
     fn note_missing(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         KeyArg::extract(keys)?.run(py, |k| {
-            self.jobs.note_missing(k);
+            self.jobs().note_missing(k);
             Ok(())
         })
     }
@@ -229,21 +242,8 @@ impl DiskTier {
         capacity: i64,
         offsets: Vec<i64>,
     ) -> PyResult<u64> {
-        // SAFETY: `base`/`capacity` describe `buffer`'s memory, which `lent.submit` keeps
-        // alive until this job's completion (the Python client passes them together).
-        let items = unsafe {
-            store_items(
-                py,
-                keys,
-                self.jobs.tier().chunk_bytes(),
-                base,
-                capacity,
-                &offsets,
-            )?
-        };
-        self.lent
-            .submit(py, buffer, || self.jobs.submit_store(items))
-            .map_err(to_py)
+        self.io
+            .submit_store(py, Loan::new(keys, buffer, base, capacity, offsets))
     }
 
     fn submit_load(
@@ -255,43 +255,27 @@ impl DiskTier {
         capacity: i64,
         offsets: Vec<i64>,
     ) -> PyResult<u64> {
-        // SAFETY: `base`/`capacity` describe `buffer`'s memory, which `lent.submit` keeps
-        // alive until this job's completion (the Python client passes them together).
-        let items = unsafe {
-            load_items(
-                py,
-                keys,
-                self.jobs.tier().chunk_bytes(),
-                base,
-                capacity,
-                &offsets,
-            )?
-        };
-        self.lent
-            .submit(py, buffer, || self.jobs.submit_load(items))
-            .map_err(to_py)
+        self.io
+            .submit_load(py, Loan::new(keys, buffer, base, capacity, offsets))
     }
 
     fn poll<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let done = py.detach(|| self.jobs.poll());
-        self.handed_out(py, done)
+        self.io.poll(py)
     }
 
     /// Waits until every job in flight has completed, or `timeout_s`; returns the completions.
     fn drain<'py>(&self, py: Python<'py>, timeout_s: f64) -> PyResult<Bound<'py, PyList>> {
-        let t = timeout(timeout_s)?;
-        let done = py.detach(|| self.jobs.drain(t));
-        self.handed_out(py, done)
+        self.io.drain(py, timeout_s)
     }
 
     fn in_flight(&self) -> usize {
-        self.jobs.in_flight()
+        self.jobs().in_flight()
     }
 
     /// The tier's counters, and `chunks` (what its index holds) and `evicted`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.jobs.tier().stats();
-        let (chunks, evicted) = self.jobs.counts();
+        let s = self.jobs().tier().stats();
+        let (chunks, evicted) = self.jobs().counts();
         let d = PyDict::new(py);
         for (name, v) in [
             ("stored_chunks", s.stored_chunks),
@@ -308,9 +292,9 @@ impl DiskTier {
             ("corrupt", s.corrupt),
             ("bytes_written", s.bytes_written),
             ("bytes_read", s.bytes_read),
-            ("stores_dropped", self.jobs.stores_dropped()),
-            ("denied", self.jobs.denied()),
-            ("breaker_state", breaker_state(self.jobs.state())),
+            ("stores_dropped", self.jobs().stores_dropped()),
+            ("denied", self.jobs().denied()),
+            ("breaker_state", breaker_state(self.jobs().state())),
             ("chunks", chunks as u64),
             ("evicted", evicted),
         ] {
@@ -321,8 +305,7 @@ impl DiskTier {
 
     /// Finishes the jobs in flight and stops the I/O threads, then drops every owner.
     fn close(&self, py: Python<'_>) {
-        py.detach(|| self.jobs.close());
-        self.lent.clear();
+        self.io.close(py);
     }
 }
 

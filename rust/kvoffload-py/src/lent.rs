@@ -4,7 +4,7 @@
 //! every worker access whatever the caller does with its own references.
 
 use crate::keys::{new_bytes, KeyArg};
-use kvoffload_format::buf::{RawBuf, RawBufMut};
+use kvoffload_tier::buf::{RawBuf, RawBufMut};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -131,60 +131,76 @@ fn spans(
         .collect()
 }
 
-/// A store's items: the keys, each with its chunk of the caller's buffer (`base + offset`).
-///
-/// # Safety
-/// `base..base+capacity` must be the memory of `buffer`, the object the caller then hands to
-/// [`Lent::submit`] (which keeps it alive until the job's completion); the caller leaves it
-/// unchanged until then (each binding's documented contract). Each span is checked to lie in it.
-pub(crate) unsafe fn store_items(
-    py: Python<'_>,
-    keys: &Bound<'_, PyAny>,
-    chunk: usize,
+/// A store or load job's memory as one Python call gives it: the keys, and the object `buffer`
+/// whose memory holds each key's chunk at `base + offset` (within `capacity` bytes).
+pub(crate) struct Loan<'a, 'py> {
+    keys: &'a Bound<'py, PyAny>,
+    pub(crate) buffer: &'a Bound<'py, PyAny>,
     base: u64,
     capacity: i64,
-    offsets: &[i64],
-) -> PyResult<Vec<(Vec<u8>, RawBuf)>> {
-    // SAFETY: guaranteed by the caller (above), each span checked by `items`.
-    items(py, keys, chunk, base, capacity, offsets, |a, n| unsafe {
-        RawBuf::new(a as *const u8, n)
-    })
+    offsets: Vec<i64>,
 }
 
-/// A load's items, as [`store_items`].
-///
-/// # Safety
-/// As [`store_items`]; the caller also leaves the spans untouched until the completion, and the
-/// tier refuses overlapping spans.
-pub(crate) unsafe fn load_items(
-    py: Python<'_>,
-    keys: &Bound<'_, PyAny>,
-    chunk: usize,
-    base: u64,
-    capacity: i64,
-    offsets: &[i64],
-) -> PyResult<Vec<(Vec<u8>, RawBufMut)>> {
-    // SAFETY: guaranteed by the caller (above), each span checked by `items`.
-    items(py, keys, chunk, base, capacity, offsets, |a, n| unsafe {
-        RawBufMut::new(a as *mut u8, n)
-    })
-}
+impl<'a, 'py> Loan<'a, 'py> {
+    pub(crate) fn new(
+        keys: &'a Bound<'py, PyAny>,
+        buffer: &'a Bound<'py, PyAny>,
+        base: u64,
+        capacity: i64,
+        offsets: Vec<i64>,
+    ) -> Self {
+        Loan {
+            keys,
+            buffer,
+            base,
+            capacity,
+            offsets,
+        }
+    }
 
-fn items<B>(
-    py: Python<'_>,
-    keys: &Bound<'_, PyAny>,
-    chunk: usize,
-    base: u64,
-    capacity: i64,
-    offsets: &[i64],
-    span: impl Fn(usize, usize) -> B,
-) -> PyResult<Vec<(Vec<u8>, B)>> {
-    let keys: Vec<Vec<u8>> =
-        KeyArg::extract(keys)?.run(py, |k| Ok(k.iter().map(|k| k.to_vec()).collect()))?;
-    let addrs = spans(chunk, keys.len(), base, capacity, offsets)?;
-    Ok(keys
-        .into_iter()
-        .zip(addrs)
-        .map(|(k, a)| (k, span(a, chunk)))
-        .collect())
+    /// A store's items: the keys, each with its chunk of `buffer`.
+    ///
+    /// # Safety
+    /// `base..base+capacity` must be the memory of `buffer`, which the caller then hands to
+    /// [`Lent::submit`] (which keeps it alive until the job's completion); the caller leaves it
+    /// unchanged until then (each binding's documented contract). Each span is checked to lie
+    /// in it.
+    pub(crate) unsafe fn store_items(
+        &self,
+        py: Python<'_>,
+        chunk: usize,
+    ) -> PyResult<Vec<(Vec<u8>, RawBuf)>> {
+        // SAFETY: guaranteed by the caller (above), each span checked by `items`.
+        self.items(py, chunk, |a, n| unsafe { RawBuf::new(a as *const u8, n) })
+    }
+
+    /// A load's items, as [`Loan::store_items`].
+    ///
+    /// # Safety
+    /// As [`Loan::store_items`]; the caller also leaves the spans untouched until the
+    /// completion, and the tier refuses overlapping spans.
+    pub(crate) unsafe fn load_items(
+        &self,
+        py: Python<'_>,
+        chunk: usize,
+    ) -> PyResult<Vec<(Vec<u8>, RawBufMut)>> {
+        // SAFETY: guaranteed by the caller (above), each span checked by `items`.
+        self.items(py, chunk, |a, n| unsafe { RawBufMut::new(a as *mut u8, n) })
+    }
+
+    fn items<B>(
+        &self,
+        py: Python<'_>,
+        chunk: usize,
+        span: impl Fn(usize, usize) -> B,
+    ) -> PyResult<Vec<(Vec<u8>, B)>> {
+        let keys: Vec<Vec<u8>> =
+            KeyArg::extract(self.keys)?.run(py, |k| Ok(k.iter().map(|k| k.to_vec()).collect()))?;
+        let addrs = spans(chunk, keys.len(), self.base, self.capacity, &self.offsets)?;
+        Ok(keys
+            .into_iter()
+            .zip(addrs)
+            .map(|(k, a)| (k, span(a, chunk)))
+            .collect())
+    }
 }

@@ -9,6 +9,7 @@ mod lent;
 mod remote;
 mod sampled;
 mod store;
+mod tier_glue;
 mod window;
 
 use pyo3::exceptions::PyValueError;

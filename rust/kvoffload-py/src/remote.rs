@@ -1,11 +1,13 @@
-//! `RemoteTier`: the Redis / Valkey tier of `kvoffload-remote` (buffers are lent as `lent.rs`
+//! `RemoteTier`: the Redis / Valkey tier of `kvoffload-redis` (its jobs driven as `tier_glue.rs`
 //! says).
 
 use crate::errors::RemoteError;
 use crate::keys::{new_bytes, KeyArg};
-use crate::lent::{load_items, store_items, Lent};
-use kvoffload_remote::{
-    self as remote, CanaryOutcome, Completion, Config, LookupTable, Tier, TlsConfig,
+use crate::lent::Loan;
+use crate::tier_glue::{seconds, Lending, TierHandle};
+use kvoffload_redis::{
+    self as remote, CanaryOutcome, Completion, Config, LookupTable, RawBuf, RawBufMut, Tier,
+    TlsConfig,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -21,26 +23,40 @@ fn to_py(err: remote::RemoteError) -> PyErr {
     }
 }
 
-/// Seconds as a `Duration`, or a ValueError naming the parameter and the allowed range.
-fn seconds(name: &str, v: f64, lo: Duration, hi: Duration) -> PyResult<Duration> {
-    if !v.is_finite() || v < lo.as_secs_f64() || v > hi.as_secs_f64() {
-        return Err(PyValueError::new_err(format!(
-            "{name}={v} is out of range; allowed: {} to {} seconds",
-            lo.as_secs_f64(),
-            hi.as_secs_f64()
-        )));
+impl TierHandle for Tier {
+    type Error = remote::RemoteError;
+
+    fn chunk_bytes(&self) -> usize {
+        Tier::chunk_bytes(self)
     }
-    Ok(Duration::from_secs_f64(v))
+    fn submit_store(&self, items: Vec<(Vec<u8>, RawBuf)>) -> remote::Result<u64> {
+        Tier::submit_store(self, items)
+    }
+    fn submit_load(&self, items: Vec<(Vec<u8>, RawBufMut)>) -> remote::Result<u64> {
+        Tier::submit_load(self, items)
+    }
+    fn poll(&self) -> Vec<Completion> {
+        Tier::poll(self)
+    }
+    fn wait(&self, timeout: Duration) -> Vec<Completion> {
+        Tier::wait(self, timeout)
+    }
+    fn drain(&self, timeout: Duration) -> Vec<Completion> {
+        Tier::drain(self, timeout)
+    }
+    fn close(&self) {
+        Tier::close(self)
+    }
+    fn to_py(err: remote::RemoteError) -> PyErr {
+        to_py(err)
+    }
 }
 
 /// A Redis / Valkey tier for chunks of `chunk_bytes`; every call that waits or does I/O releases
 /// the GIL.
 #[pyclass(frozen, module = "kvoffload._rust")]
 pub struct RemoteTier {
-    // Declared first so it drops first: `Tier`'s drop joins the workers, and only then may the
-    // owners below release the memory those workers were reading or writing.
-    tier: Tier,
-    lent: Lent,
+    io: Lending<Tier>,
 }
 
 /// Chunks per node of a cluster of `nodes` primaries (the simulator's shared tier).
@@ -68,13 +84,8 @@ fn mask_remote_url(url: &str) -> String {
 }
 
 impl RemoteTier {
-    fn handed_out<'py>(
-        &self,
-        py: Python<'py>,
-        done: Vec<Completion>,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let done = done.into_iter().map(|c| (c.job_id, c.statuses)).collect();
-        self.lent.handed_out(py, done)
+    fn tier(&self) -> &Tier {
+        &self.io.handle
     }
 
     fn keys(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
@@ -176,31 +187,30 @@ impl RemoteTier {
             .detach(|| Tier::connect_shards(cfg, ns, lookup_ns))
             .map_err(to_py)?;
         Ok(RemoteTier {
-            tier,
-            lent: Lent::default(),
+            io: Lending::new(tier),
         })
     }
 
     #[getter]
     fn startup_error(&self) -> Option<String> {
-        self.tier.startup_error().map(str::to_string)
+        self.tier().startup_error().map(str::to_string)
     }
 
     /// Why the last failure happened (a job's error, a server's error reply, a corrupt value),
     /// or None.
     #[getter]
     fn last_error(&self) -> Option<String> {
-        self.tier.last_error()
+        self.tier().last_error()
     }
 
     #[getter]
     fn state(&self) -> &'static str {
-        self.tier.state().name()
+        self.tier().state().name()
     }
 
     #[getter]
     fn chunk_bytes(&self) -> usize {
-        self.tier.chunk_bytes()
+        self.tier().chunk_bytes()
     }
 
     /// `("written" | "matched" | "down", None)` or `("differs", existing_identity)`; never
@@ -216,7 +226,7 @@ impl RemoteTier {
         use remote::config::{TIMEOUT_MAX, TIMEOUT_MIN};
         let timeout = seconds("timeout_s", timeout_s, TIMEOUT_MIN, TIMEOUT_MAX)?;
         let (name, identity) = (name.to_vec(), identity.to_vec());
-        let outcome = py.detach(|| self.tier.canary(&name, &identity, timeout));
+        let outcome = py.detach(|| self.tier().canary(&name, &identity, timeout));
         Ok(match outcome {
             CanaryOutcome::Written => ("written", None),
             CanaryOutcome::Matched => ("matched", None),
@@ -227,7 +237,7 @@ impl RemoteTier {
 
     fn submit_lookup(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<u64> {
         let keys = self.keys(py, keys)?;
-        py.detach(|| self.tier.submit_lookup(keys)).map_err(to_py)
+        py.detach(|| self.tier().submit_lookup(keys)).map_err(to_py)
     }
 
     fn submit_store(
@@ -239,13 +249,8 @@ impl RemoteTier {
         capacity: i64,
         offsets: Vec<i64>,
     ) -> PyResult<u64> {
-        // SAFETY: `base`/`capacity` describe `buffer`'s memory, which `lent.submit` keeps
-        // alive until this job's completion (the Python client passes them together).
-        let items =
-            unsafe { store_items(py, keys, self.tier.chunk_bytes(), base, capacity, &offsets)? };
-        self.lent
-            .submit(py, buffer, || self.tier.submit_store(items))
-            .map_err(to_py)
+        self.io
+            .submit_store(py, Loan::new(keys, buffer, base, capacity, offsets))
     }
 
     fn submit_load(
@@ -257,49 +262,29 @@ impl RemoteTier {
         capacity: i64,
         offsets: Vec<i64>,
     ) -> PyResult<u64> {
-        // SAFETY: `base`/`capacity` describe `buffer`'s memory, which `lent.submit` keeps
-        // alive until this job's completion (the Python client passes them together).
-        let items =
-            unsafe { load_items(py, keys, self.tier.chunk_bytes(), base, capacity, &offsets)? };
-        self.lent
-            .submit(py, buffer, || self.tier.submit_load(items))
-            .map_err(to_py)
+        self.io
+            .submit_load(py, Loan::new(keys, buffer, base, capacity, offsets))
     }
 
     fn poll<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let done = py.detach(|| self.tier.poll());
-        self.handed_out(py, done)
+        self.io.poll(py)
     }
 
     fn wait<'py>(&self, py: Python<'py>, timeout_s: f64) -> PyResult<Bound<'py, PyList>> {
-        let t = seconds(
-            "timeout_s",
-            timeout_s,
-            Duration::ZERO,
-            Duration::from_secs(86400),
-        )?;
-        let done = py.detach(|| self.tier.wait(t));
-        self.handed_out(py, done)
+        self.io.wait(py, timeout_s)
     }
 
     fn drain<'py>(&self, py: Python<'py>, timeout_s: f64) -> PyResult<Bound<'py, PyList>> {
-        let t = seconds(
-            "timeout_s",
-            timeout_s,
-            Duration::ZERO,
-            Duration::from_secs(86400),
-        )?;
-        let done = py.detach(|| self.tier.drain(t));
-        self.handed_out(py, done)
+        self.io.drain(py, timeout_s)
     }
 
     fn in_flight(&self, py: Python<'_>) -> usize {
-        py.detach(|| self.tier.in_flight())
+        py.detach(|| self.tier().in_flight())
     }
 
     /// Counters and gauges; `breaker_state` is 0 up, 1 down, 2 half-open.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = py.detach(|| self.tier.stats());
+        let stats = py.detach(|| self.tier().stats());
         let d = PyDict::new(py);
         for (name, v) in stats.to_pairs() {
             d.set_item(name, v)?;
@@ -310,7 +295,7 @@ impl RemoteTier {
     /// Per node (`host:port`, or the unix socket's path): `bytes_written`, `bytes_read`,
     /// `failures` and `resting` (1 while it is left alone after a failure).
     fn node_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let nodes = py.detach(|| self.tier.node_stats());
+        let nodes = py.detach(|| self.tier().node_stats());
         let d = PyDict::new(py);
         for (name, s) in nodes {
             let n = PyDict::new(py);
@@ -326,8 +311,7 @@ impl RemoteTier {
     /// Joins the workers, then drops every owner: no worker touches a buffer any more, and the
     /// completions not taken yet stay for `poll` / `drain`.
     fn close(&self, py: Python<'_>) {
-        py.detach(|| self.tier.close());
-        self.lent.clear();
+        self.io.close(py);
     }
 }
 
@@ -346,7 +330,7 @@ impl RemoteLookups {
     }
 
     fn poll(&self, table: &mut LookupTable) {
-        for c in self.tier.get().tier.poll() {
+        for c in self.tier.get().tier().poll() {
             table.apply(c.job_id, &c.statuses);
         }
     }
@@ -390,7 +374,7 @@ impl RemoteLookups {
             let (table, need_poll) = &mut *guard;
             self.poll(table);
             *need_poll = true;
-            table.flush(|keys| self.tier.get().tier.submit_lookup(keys));
+            table.flush(|keys| self.tier.get().tier().submit_lookup(keys));
         })
     }
 

@@ -2,7 +2,7 @@
 
 use super::TempDir;
 use kvoffload_disk::{DiskConfig, DiskJobs};
-use kvoffload_format::buf::{RawBuf, RawBufMut};
+use kvoffload_tier::buf::{RawBuf, RawBufMut};
 use std::time::{Duration, Instant};
 
 pub const NS: [u8; 16] = *b"disk-jobs-tests!";
