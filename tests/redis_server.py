@@ -5,6 +5,8 @@ tests that need it skip, except under CI=true, where a missing server is an erro
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
 import signal
@@ -36,10 +38,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@functools.cache
+def certificates() -> Path:
+    """`make_certs.sh`'s certificates, made once per test run (openssl takes a while)."""
+    certs = Path(tempfile.mkdtemp(prefix="kvo-certs-"))
+    atexit.register(shutil.rmtree, certs, ignore_errors=True)
+    subprocess.run(["bash", str(MAKE_CERTS), str(certs)], check=True)
+    return certs
+
+
 class RedisServer:
     """One server process. `args` are extra `redis-server` options (e.g. maxmemory). With
     `tls`, it also listens with TLS on `tls_port` (`tls_auth_clients`: whether it requires a
-    client certificate); the certificates are in `certs`."""
+    client certificate); the certificates are in `certs` (one set per test run)."""
 
     def __init__(
         self,
@@ -56,9 +67,8 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix="kvo-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
         self.tls_port = free_port() if tls else None
-        self.certs = Path(self.dir) / "certs"
+        self.certs = certificates() if tls else Path(self.dir) / "certs"
         if tls:
-            subprocess.run(["bash", str(MAKE_CERTS), str(self.certs)], check=True)
             self.args += [
                 *("--tls-port", str(self.tls_port)),
                 *("--tls-cert-file", str(self.certs / "server.crt")),
@@ -114,6 +124,17 @@ class RedisServer:
             time.sleep(0.02)
         self.stop()
         raise RuntimeError("redis-server did not answer PING within 10 s")
+
+    def empty(self) -> RedisServer:
+        """The server as a test that wants an empty one expects it: running, not frozen, no
+        keys, its INFO counters zero (a test before may have stopped or frozen it)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        else:
+            self.thaw()
+        self.command("FLUSHALL")
+        self.command("CONFIG", "RESETSTAT")
+        return self
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
