@@ -100,9 +100,14 @@ def connector_metrics() -> dict[str, str]:
     (gauge_prefix,) = _name_prefixes(tree, "_gauge_cls")
     out = {scraped(counter_prefix + n, "counter"): "counter" for n in counters}
     out.update({scraped(gauge_prefix + n, "gauge"): "gauge" for n in gauges})
+    # The renamed counters under their old names too, until the next release.
+    renamed = _module_literal(tree, "RENAMED")
+    assert isinstance(renamed, dict)
+    out.update({scraped(counter_prefix + old, "counter"): "counter" for old in renamed})
     for kind in registry.kinds():
         if kind.report is not None:
-            out.update(_report_metrics("vllm:" + kind.report.metric, kind.report))
+            for metric in (kind.report.metric, *kind.report.renamed_from):
+                out.update(_report_metrics("vllm:" + metric, kind.report))
     return out
 
 
@@ -200,7 +205,7 @@ def test_the_sources_give_the_expected_names():
     # Counters get `_total`, gauges do not; RedisTier's names have no `vllm:` prefix.
     assert names["vllm:kvoffload_hit_tokens_total"] == "counter"
     assert names["vllm:kvoffload_store_refusals_total"] == "counter"
-    assert names["vllm:kvoffload_remote_writes_dropped_total"] == "counter"
+    assert names["vllm:kvoffload_secondary_writes_dropped_total"] == "counter"
     assert names["vllm:kvoffload_cpu_tier_usable_bytes"] == "gauge"
     assert names["vllm:kvoffload_cpu_tier_ready_ratio"] == "gauge"
     assert names["kvoffload:redis_tier_corrupt_total"] == "counter"
@@ -208,15 +213,16 @@ def test_the_sources_give_the_expected_names():
     assert names["kvoffload:redis_tier_breaker_state"] == "gauge"
     assert "vllm:kvoffload_hit_tokens" not in names
     assert "kvoffload:redis_tier_breaker_state_total" not in names
-    assert names["vllm:kvoffload_remote_node_bytes_read_total"] == "counter"
-    assert names["vllm:kvoffload_remote_node_resting"] == "gauge"
+    assert names["vllm:kvoffload_redis_node_bytes_read_total"] == "counter"
+    assert names["vllm:kvoffload_redis_node_resting"] == "gauge"
     assert names["kvoffload:redis_tier_node_failures_total"] == "counter"
     assert names["kvoffload:redis_tier_node_resting"] == "gauge"
     assert names["vllm:kvoffload_disk_corrupt_total"] == "counter"
     assert names["vllm:kvoffload_disk_breaker_state"] == "gauge"
     assert names["kvoffload:disk_tier_denied_total"] == "counter"
     assert names["kvoffload:disk_tier_chunks"] == "gauge"
-    assert len(connector_metrics()) == 18 + 4 + 11
+    # 18 counters, 4 per-node and 11 per-disk series; and 6 + 4 renamed ones under their old names.
+    assert len(connector_metrics()) == 18 + 4 + 11 + 6 + 4
     assert len(redis_tier_metrics()) == 6 + 4
     assert len(disk_tier_metrics()) == 11
 
@@ -282,13 +288,29 @@ def test_every_query_uses_exported_names_only():
             assert not metric_names(definition) - set(names), definition
 
 
+def deprecated() -> set[str]:
+    """The renamed metrics' old names, still exported until the next release."""
+    tree = ast.parse(STATS.read_text())
+    renamed = _module_literal(tree, "RENAMED")
+    assert isinstance(renamed, dict)
+    out = {scraped("vllm:kvoffload_" + old, "counter") for old in renamed}
+    for kind in registry.kinds():
+        if kind.report is not None:
+            for metric in kind.report.renamed_from:
+                out |= set(_report_metrics("vllm:" + metric, kind.report))
+    return out
+
+
 def test_every_exported_metric_has_a_panel():
     board = dashboard()
     used = set()
     for panel in queries(board):
         for target in panel["targets"]:
             used |= metric_names(target["expr"])
-    assert set(exported()) <= used, sorted(set(exported()) - used)
+    current = set(exported()) - deprecated()
+    assert len(deprecated()) == 10
+    assert current <= used, sorted(current - used)
+    assert not used & deprecated(), sorted(used & deprecated())
 
 
 def test_operations_page_lists_every_metric():
@@ -359,9 +381,37 @@ def test_vllm_scrapes_these_names():
         'engine="0",model_name="m",tier="RedisTier"}'
     )
     assert samples["vllm:kvoffload_lookups_total"].startswith('engine="0",model_name="m"}')
-    assert samples["vllm:kvoffload_remote_node_resting"].startswith(
+    assert samples["vllm:kvoffload_redis_node_resting"].startswith(
         'engine="0",model_name="m",node="h:1"}'
     )
     assert samples["vllm:kvoffload_disk_breaker_state"].startswith(
         'engine="0",model_name="m",path="/mnt/nvme/kv"}'
     )
+
+
+def test_renamed_metrics_are_exported_under_both_names():
+    """Until the next release, an old name carries the same value as its new one."""
+    pytest.importorskip("vllm")
+    import functools
+    from types import SimpleNamespace
+
+    import prometheus_client
+
+    from kvoffload.vllm.connector.stats import KVOffloadPromMetrics
+
+    registry_ = prometheus_client.CollectorRegistry()
+    metric_types = {
+        cls: functools.partial(cls, registry=registry_)
+        for cls in (prometheus_client.Counter, prometheus_client.Gauge, prometheus_client.Histogram)
+    }
+    config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config={}))
+    metrics = KVOffloadPromMetrics(config, metric_types, ["engine"], {0: ["0"]})
+    node = {"bytes_written": 0, "bytes_read": 5, "failures": 0, "resting": 1}
+    metrics.observe({"secondary_lookups": 3, REDIS.report.key: {"h:1": node}})
+    metrics.observe({"secondary_lookups": 4})
+    text = prometheus_client.generate_latest(registry_).decode()
+    for name in ("secondary_lookups", "remote_lookups"):
+        assert f'vllm:kvoffload_{name}_total{{engine="0"}} 7.0' in text
+    for prefix in ("redis_node", "remote_node"):
+        assert f'vllm:kvoffload_{prefix}_bytes_read_total{{engine="0",node="h:1"}} 5.0' in text
+        assert f'vllm:kvoffload_{prefix}_resting{{engine="0",node="h:1"}} 1.0' in text

@@ -210,7 +210,7 @@ def test_secondary_tier_second_engine(
     stored = check_pass(first["passes"][0], reference, None)
     # Every chunk the CPU tier took is written on to each tier of the chain.
     assert stored["vllm:kvoffload_chunks_stored"] > 0
-    assert stored["vllm:kvoffload_remote_shards_written"] == stored[
+    assert stored["vllm:kvoffload_secondary_shards_written"] == stored[
         "vllm:kvoffload_chunks_stored"
     ] * len(tiers.split("+"))
     # The chain's second node has a disk of its own, empty: what it finds is Redis's.
@@ -225,10 +225,10 @@ def test_secondary_tier_second_engine(
     counters = check_pass(second["passes"][0], reference, cached)
     # Nothing was in its CPU tier: every hit block was promoted from the tier behind.
     assert (
-        counters["vllm:kvoffload_remote_chunks_promoted"]
+        counters["vllm:kvoffload_secondary_chunks_promoted"]
         == counters["vllm:kvoffload_chunks_loaded"]
     )
-    assert counters["vllm:kvoffload_remote_chunks_promoted"] > 0
+    assert counters["vllm:kvoffload_secondary_chunks_promoted"] > 0
     check_kv(second, counters["vllm:external_prefix_cache_hits"])
 
 

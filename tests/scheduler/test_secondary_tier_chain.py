@@ -72,7 +72,7 @@ def test_a_slow_tier_and_a_fast_one_never_hold_the_whole_cpu_tier(tmp_path):
     # The slow tier holds its 4 slots: the rest of the CPU tier still takes stores.
     assert store.stats().pinned == 4
     assert store.prepare_store(keys(100, 12)) is not None
-    assert stats.remote_writes_dropped > 0  # the slow tier's backlog overflowed
+    assert stats.secondary_writes_dropped > 0  # the slow tier's backlog overflowed
 
 
 def test_a_lookup_goes_down_the_chain_and_skips_a_tier_that_is_down(tmp_path):

@@ -111,9 +111,9 @@ def test_promote_waits_for_answers_then_reserves_the_leading_run_of_hits(redis):
     assert not set(job.slots.tolist()) & set(prefix_slots.tolist())
     assert statuses(store, ks) == [READY, READY, PENDING, PENDING, PENDING] + [ABSENT] * 3
     assert store.stats().pending == 3
-    assert stats.remote_promotions == 1
-    assert stats.remote_promotion_refusals == 0
-    assert stats.remote_lookups == 1 + steps
+    assert stats.secondary_promotions == 1
+    assert stats.secondary_promotion_refusals == 0
+    assert stats.secondary_lookups == 1 + steps
     # k6 is on the server but after the first miss: not promoted, nor is any job left over.
     assert tier.take_jobs() == ([], [])
 
@@ -149,7 +149,7 @@ def test_promote_reports_no_gain_when_the_first_key_misses(redis):
     verdict, promotions, _ = step_until_answered(tier, "r", ks, 0, 0, 3, store.new_rank())
     assert verdict is False and promotions == []
     assert statuses(store, ks) == [ABSENT] * 3
-    assert stats.remote_promotions == 0 and stats.remote_promotion_refusals == 0
+    assert stats.secondary_promotions == 0 and stats.secondary_promotion_refusals == 0
 
 
 def test_promote_is_refused_when_every_slot_is_pending_or_pinned(redis):
@@ -164,16 +164,16 @@ def test_promote_is_refused_when_every_slot_is_pending_or_pinned(redis):
 
     # Only k0 asked: while it is out the answer is "ask again", with no refusal counted.
     assert tier.promote("r", ks, 0, 0, 1, rank) is True
-    assert stats.remote_promotion_refusals == 0
+    assert stats.secondary_promotion_refusals == 0
     verdict, promotions, _ = step_until_answered(tier, "r", ks, 0, 0, 1, rank)
     assert verdict is False  # a hit, but no slot to give it, and nothing else pending
     assert promotions == []
-    assert stats.remote_promotion_refusals == 1
+    assert stats.secondary_promotion_refusals == 1
 
     # k0 answered, k1 and k2 newly asked: still refused, but an answer is out, so ask again.
     assert tier.promote("r", ks, 0, 0, 3, rank) is True
-    assert stats.remote_promotion_refusals == 2
-    assert stats.remote_promotions == 0
+    assert stats.secondary_promotion_refusals == 2
+    assert stats.secondary_promotions == 0
     assert tier.take_jobs() == ([], [])
     assert statuses(store, ks) == [ABSENT] * 3
     assert store.stats().pending == 2 and store.stats().pinned == 2
@@ -204,13 +204,13 @@ def test_a_promotion_ends_after_both_workers_report(redis):
     tier.promoted(job.job_id, 1, bytes([1, 0, 1]))  # worker 0 could not fill k2
     assert statuses(store, ks) == [READY, PENDING, PENDING, PENDING]
     assert tier.has_work
-    assert stats.remote_chunks_promoted == 0 and stats.remote_chunks_failed == 0
+    assert stats.secondary_chunks_promoted == 0 and stats.secondary_chunks_failed == 0
 
     tier.promoted(job.job_id, 1, bytes([1, 1, 0]))  # worker 1 could not fill k3
     assert statuses(store, ks) == [READY, READY, ABSENT, ABSENT]
     assert store.stats().pending == 0 and store.stats().ready == 2
-    assert stats.remote_chunks_promoted == 1
-    assert stats.remote_chunks_failed == 2
+    assert stats.secondary_chunks_promoted == 1
+    assert stats.secondary_chunks_failed == 2
     assert not tier.has_work
 
     # The failed keys are on the server, yet they count as misses now: nothing more to promote.
@@ -218,8 +218,8 @@ def test_a_promotion_ends_after_both_workers_report(redis):
     assert tier.promote("r", ks, 0, 2, 4, rank) is False
     assert tier.take_jobs() == ([], [])
     assert statuses(store, ks) == [READY, READY, ABSENT, ABSENT]
-    assert stats.remote_promotions == 1
-    assert stats.remote_promotion_refusals == 0
+    assert stats.secondary_promotions == 1
+    assert stats.secondary_promotion_refusals == 0
     # Nor for a later request (the negative cache), which asks the server nothing about them.
     lookups.cleanup("r")
     assert tier.promote("r2", ks, 0, 2, 4, rank) is False
@@ -235,7 +235,7 @@ def test_a_promotion_both_workers_filled_is_ready_and_loadable(redis):
     assert statuses(store, ks) == [READY] * 3
     assert store.lookup_prefix(ks) == (3, False)
     assert store.prepare_load(ks).tolist() == job.slots.tolist()  # where the workers wrote
-    assert stats.remote_chunks_promoted == 3 and stats.remote_chunks_failed == 0
+    assert stats.secondary_chunks_promoted == 3 and stats.secondary_chunks_failed == 0
 
 
 def test_one_report_for_both_workers_ends_a_promotion(redis):
@@ -243,7 +243,7 @@ def test_one_report_for_both_workers_ends_a_promotion(redis):
     tier, store, stats, _, job, _ = promotion(redis, ks, start=0)
     tier.promoted(job.job_id, 2, bytes([0, 1]))  # already aggregated over both workers
     assert statuses(store, ks) == [ABSENT, READY]
-    assert stats.remote_chunks_promoted == 1 and stats.remote_chunks_failed == 1
+    assert stats.secondary_chunks_promoted == 1 and stats.secondary_chunks_failed == 1
     assert not tier.has_work
 
 
@@ -276,14 +276,14 @@ def test_a_completed_store_is_pinned_and_cascaded_until_both_workers_report(redi
     tier.cascaded(job.job_id, 1, *wrote(1, 0, 0))
     assert store.stats().pinned == 0
     assert statuses(store, ks) == [READY] * 3
-    assert stats.remote_shards_written == 4
-    assert stats.remote_writes_dropped == 2
+    assert stats.secondary_shards_written == 4
+    assert stats.secondary_writes_dropped == 2
     assert not tier.has_work
     store.check_invariants()
 
 
 def test_keys_no_longer_ready_at_their_turn_are_dropped_not_pinned(redis):
-    # One worker: a chunk and its one shard count alike in remote_writes_dropped (see the test
+    # One worker: a chunk and its one shard count alike in secondary_writes_dropped (see the test
     # below for two).
     tier, store, stats, _ = make_tier(redis.url, num_slots=8, world_size=1)
     ks = chunk_keys(4, salt=11)
@@ -293,7 +293,7 @@ def test_keys_no_longer_ready_at_their_turn_are_dropped_not_pinned(redis):
     assert store.stats().pinned == 2
     _, (job,) = tier.take_jobs()
     assert job.keys.to_list() == ks.to_list()[:2]
-    assert stats.remote_writes_dropped == 2
+    assert stats.secondary_writes_dropped == 2
     assert statuses(store, ks) == [READY, READY, PENDING, ABSENT]  # k2 is left pending
 
 
@@ -305,7 +305,7 @@ def test_past_max_cascade_slots_a_store_waits_its_turn_in_store_order(redis):
     assert store.stats().pinned == 2  # the budget, no more
     _, (first,) = tier.take_jobs()
     assert first.keys.to_list() == ks.to_list()[:2]
-    assert stats.remote_writes_dropped == 0
+    assert stats.secondary_writes_dropped == 0
     assert tier.take_jobs() == ([], [])  # k2 waits for a pin to end
     assert tier.has_work
 
@@ -319,7 +319,7 @@ def test_past_max_cascade_slots_a_store_waits_its_turn_in_store_order(redis):
     tier.cascaded(second.job_id, 1, *wrote(1))
     tier.cascaded(second.job_id, 1, *wrote(0))
     assert store.stats().pinned == 0
-    assert stats.remote_shards_written == 5 and stats.remote_writes_dropped == 1
+    assert stats.secondary_shards_written == 5 and stats.secondary_writes_dropped == 1
     assert not tier.has_work
 
 
@@ -334,12 +334,12 @@ def test_the_backlog_drops_its_oldest_keys_past_num_slots_and_evicted_ones_at_th
     store.reset()  # a1..a3 leave the CPU tier; a0 stays until its write ends
     fill(store, b)
     tier.stored(b)  # 3 + 3 keys waiting, 4 kept: a1 and a2 are pushed out
-    assert stats.remote_writes_dropped == 2
+    assert stats.secondary_writes_dropped == 2
     assert store.stats().used_slots == 4  # b0..b2, and a0's slot, held until its write ends
 
     tier.cascaded(job_a0.job_id, 1, *wrote(1))
     assert store.stats().used_slots == 3 and store.stats().pinned == 1  # a0 gone, b0 pinned
-    assert stats.remote_writes_dropped == 3  # a3's turn: it was evicted
+    assert stats.secondary_writes_dropped == 3  # a3's turn: it was evicted
     _, (job_b0,) = tier.take_jobs()
     assert job_b0.keys.to_list() == b.to_list()[:1]
     tier.cascaded(job_b0.job_id, 1, *wrote(1))
@@ -351,7 +351,7 @@ def test_the_backlog_drops_its_oldest_keys_past_num_slots_and_evicted_ones_at_th
     assert tier.has_work
     tier.cascaded(job_b2.job_id, 1, *wrote(1))
     assert not tier.has_work
-    assert stats.remote_shards_written == 4 and stats.remote_writes_dropped == 3
+    assert stats.secondary_shards_written == 4 and stats.secondary_writes_dropped == 3
     assert store.stats().pinned == 0 and statuses(store, b) == [READY] * 3
     store.check_invariants()
 
@@ -365,9 +365,9 @@ def test_a_chunk_the_scheduler_drops_counts_one_shard_per_worker(redis):
     store.reset()  # k1 leaves the CPU tier before its turn: neither worker will write it
     tier.cascaded(job.job_id, 1, *wrote(1))
     tier.cascaded(job.job_id, 1, *wrote(0))  # worker 1 did not write its shard of k0: 1 shard
-    assert stats.remote_shards_written == 1
+    assert stats.secondary_shards_written == 1
     # Shards not written: k0's one, and both of k1's.
-    assert stats.remote_writes_dropped == 1 + 2
+    assert stats.secondary_writes_dropped == 1 + 2
 
 
 def test_with_one_writer_a_cascade_ends_on_its_report_and_counts_one_shard_per_chunk(redis):
@@ -381,7 +381,7 @@ def test_with_one_writer_a_cascade_ends_on_its_report_and_counts_one_shard_per_c
     store.reset()  # k2 leaves the CPU tier before its turn: one shard is not written, not two
     tier.cascaded(job.job_id, 1, *wrote(1, 0))
     assert not tier.has_work and store.stats().pinned == 0
-    assert (stats.remote_shards_written, stats.remote_writes_dropped) == (1, 1 + 1)
+    assert (stats.secondary_shards_written, stats.secondary_writes_dropped) == (1, 1 + 1)
 
 
 def test_events_name_chunks_every_writer_put_in_the_tier_and_promotions_that_failed(redis):

@@ -7,7 +7,7 @@ through its whole prefix, a window group only through the chunks its attention r
 hit boundary, and it stores only the chunks a later hit can reach; a Mamba group keeps one state
 per request and is hit through the chunk that ends at the boundary, whose key holds the state
 after it: the rules of vLLM 0.33's `OffloadingConnector`, whose decisions these reproduce (see
-`HybridPlanner` in `hybrid.py`, and the lookup in the core's `hybrid_lookup.rs`).
+`HybridPlanner` in `hybrid.py`, and the lookup in the core's `hybrid/lookup.rs`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ before the boundary, until the hit converges; a hit with a window group stops on
 the request; window groups store only chunks a later hit can reach, and skip chunks whose blocks
 they freed. Block id 0 is the engine's null block (vLLM reserves it): a window group's table holds
 it where the group keeps no KV. The lookup and the load are one store call each
-(`CpuStore.lookup_groups`, whose rules live in the core's `hybrid_lookup.rs`, and
+(`CpuStore.lookup_groups`, whose rules live in the core's `hybrid/lookup.rs`, and
 `CpuStore.load_groups`), and `CpuStore.offer_group_store` picks an offer's chunks.
 
 A Mamba group ("align" mode, `_build_aligned_boundary_store_jobs`) is looked up as a window of one

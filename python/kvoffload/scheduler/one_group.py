@@ -1,5 +1,5 @@
 """`OneGroupPlanner`: a model of one full-attention KV-cache group, the usual case. A request's
-keys, block table and store frontier are its own fields; a shared tier may stand behind the CPU
+keys, block table and store frontier are its own fields; secondary tiers may stand behind the CPU
 tier."""
 
 from __future__ import annotations

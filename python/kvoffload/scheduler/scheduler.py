@@ -200,7 +200,7 @@ class OffloadScheduler:
         """Tokens beyond the `num_local_tokens` already on the GPU that can be loaded from the CPU
         tier (0 or at least one chunk), or `None`: ask again next step (a needed chunk is still
         being stored or is being loaded for another request, or the request still has jobs in
-        flight from before a preemption, or the shared tier is being asked or promoting).
+        flight from before a preemption, or a secondary tier is being asked or promoting).
 
         A lookup that starts a promotion reserves CPU slots and may evict: the engine must call
         `on_allocated` for a request before it looks the next one up (as vLLM does).

@@ -61,7 +61,7 @@ class SecondaryTier:
     order, at most `max_cascade_slots` chunks held at a time (default: half the tier), so a slow
     server never fills the CPU tier with holds: the rest wait in a backlog of at most
     `num_slots` keys, and a chunk evicted from the CPU tier before its turn, or pushed out of a
-    full backlog, is not written (counted in `remote_writes_dropped`); GPU stores are never held
+    full backlog, is not written (counted in `secondary_writes_dropped`); GPU stores are never held
     back. In a chain, `tier` is its place (0: right behind the CPU tier), `job_ids` the chain's
     one counter, so that a job id names one job of one tier, and `share` the number of tiers:
     each holds at most its share of the default budget, so that together they never hold more
@@ -124,11 +124,11 @@ class SecondaryTier:
     ) -> bool:
         """Looks `keys[start:end]` up in the tier (the CPU tier has `keys[first:start]`
         ready and not `keys[start]`) and promotes its leading run of hits. True: ask again (a
-        promotion started, or an answer is still out); False: the shared tier adds nothing now."""
+        promotion started, or an answer is still out); False: the tier adds nothing now."""
         if self.lookups.down:
             return False  # a miss at once, not a step's wait for a check that fails anyway
         found, waiting = self.lookups.lookup_prefix(keys.view(start, end), request_id)
-        self._stats.remote_lookups += 1
+        self._stats.secondary_lookups += 1
         if not found:
             return waiting
         # The CPU prefix is part of the batch so that making room never evicts it.
@@ -136,11 +136,11 @@ class SecondaryTier:
             keys.view(first, start + found), rank=rank, first_position=first, partial=True
         )
         if plan is None or not plan.keys:
-            self._stats.remote_promotion_refusals += 1
+            self._stats.secondary_promotion_refusals += 1
             return waiting
         assert isinstance(plan.keys, KeyList)
         self._new_promotions.append(self._open(self._promotions, plan.keys, plan.slots))
-        self._stats.remote_promotions += 1
+        self._stats.secondary_promotions += 1
         return True
 
     def promoted(self, job_id: int, reports: int, ok: bytes) -> None:
@@ -154,7 +154,7 @@ class SecondaryTier:
         assert job.ok is not None
         if job.ok.all():
             self.store.complete_store(job.keys, True)
-            self._stats.remote_chunks_promoted += len(job.keys)
+            self._stats.secondary_chunks_promoted += len(job.keys)
             for tier in self.above:
                 tier.stored(job.keys)
             return
@@ -170,8 +170,8 @@ class SecondaryTier:
             self.lookups.mark_miss(failed)
             # This engine treats them as gone from the tier (a miss for a while): say so.
             self._event("removed", failed)
-        self._stats.remote_chunks_promoted += len(arrived)
-        self._stats.remote_chunks_failed += len(failed)
+        self._stats.secondary_chunks_promoted += len(arrived)
+        self._stats.secondary_chunks_failed += len(failed)
 
     def stored(self, keys: KeyList) -> None:
         """A CPU-tier store of `keys` completed: they are written on, in order, as the budget
@@ -190,7 +190,7 @@ class SecondaryTier:
         overflow = len(self._backlog) - self.store.num_slots
         for _ in range(max(0, overflow)):
             self._backlog.popleft()
-        self._stats.remote_writes_dropped += max(0, overflow) * self.writers
+        self._stats.secondary_writes_dropped += max(0, overflow) * self.writers
         self._drain_backlog()
 
     def cascaded(self, job_id: int, reports: int, written: int, in_tier: bytes) -> None:
@@ -199,8 +199,8 @@ class SecondaryTier:
         others: the server down, a failed write)."""
         job = self._cascades[job_id]
         job.report(reports, in_tier)
-        self._stats.remote_shards_written += written
-        self._stats.remote_writes_dropped += reports * len(job.keys) - written
+        self._stats.secondary_shards_written += written
+        self._stats.secondary_writes_dropped += reports * len(job.keys) - written
         if job.reports < self.writers:
             return
         del self._cascades[job_id]
@@ -225,7 +225,7 @@ class SecondaryTier:
             batch = [self._backlog.popleft() for _ in range(min(room, len(self._backlog)))]
             status = self.store.lookup(batch)
             kept = [k for k, st in zip(batch, status.tolist(), strict=True) if st == _READY]
-            self._stats.remote_writes_dropped += (len(batch) - len(kept)) * self.writers
+            self._stats.secondary_writes_dropped += (len(batch) - len(kept)) * self.writers
             ready.extend(kept)
         if not ready:
             return
@@ -236,7 +236,7 @@ class SecondaryTier:
         self._new_cascades.append(self._open(self._cascades, keys, slots))
 
     def take_jobs(self) -> tuple[list[TierJob], list[TierJob]]:
-        """The promotions and cascades to hand the workers; sends this step's remote lookups."""
+        """The promotions and cascades to hand the workers; sends this step's lookups."""
         self.lookups.flush()
         promotions, self._new_promotions = self._new_promotions, []
         cascades, self._new_cascades = self._new_cascades, []

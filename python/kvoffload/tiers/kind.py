@@ -79,6 +79,8 @@ class Report:
     """Monotonic counters and their help texts (summed over workers)."""
     gauges: Mapping[str, str]
     """Gauges and their help texts (merged over workers by the worse value, `worst`)."""
+    renamed_from: tuple[str, ...] = ()
+    """Former `metric` prefixes, exported as well until the next release."""
 
 
 # The breaker's states from best to worst: up (0), half-open (2), down (1).

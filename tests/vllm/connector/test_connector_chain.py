@@ -78,12 +78,12 @@ def test_engine_two_loads_what_engine_one_stored_in_one_directory(model_dir, tmp
     one = engine(model_dir, disk(tmp_path), is_async=is_async)
     assert serve(one, "a", PROMPT) == 0
     assert len(files(tmp_path)) == 5
-    assert stats(one).remote_shards_written == 5
+    assert stats(one).secondary_shards_written == 5
     two = engine(model_dir, disk(tmp_path), is_async=is_async)
     assert serve(two, "b", PROMPT) == 60
     assert two.checked_positions["b"] >= 60
     s = stats(two)
-    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (5, 0)
+    assert (s.secondary_chunks_promoted, s.secondary_chunks_failed) == (5, 0)
     assert tier_stats(two, 0)["loaded_chunks"] == 5
 
 
@@ -117,7 +117,7 @@ def test_a_chain_writes_every_tier_and_promotes_from_the_first_that_has_it(
     one = engine(model_dir, disk(a), redis_tier(redis), is_async=is_async)
     assert serve(one, "a", PROMPT) == 0
     assert len(files(a)) == 5
-    assert stats(one).remote_shards_written == 10  # 5 chunks to each tier
+    assert stats(one).secondary_shards_written == 10  # 5 chunks to each tier
     # Its disk has the prompt: Redis is never asked.
     same_disk = engine(model_dir, disk(a), redis_tier(redis), is_async=is_async)
     assert serve(same_disk, "b", PROMPT) == 60
@@ -130,9 +130,9 @@ def test_a_chain_writes_every_tier_and_promotes_from_the_first_that_has_it(
     assert serve(other_disk, "c", PROMPT) == 60
     assert other_disk.checked_positions["c"] >= 60
     assert tier_stats(other_disk, 1)["loaded_chunks"] == 5
-    assert stats(other_disk).remote_chunks_promoted == 5
+    assert stats(other_disk).secondary_chunks_promoted == 5
     assert len(files(b)) == 5
-    assert stats(other_disk).remote_shards_written == 5  # to the disk; Redis had them
+    assert stats(other_disk).secondary_shards_written == 5  # to the disk; Redis had them
     assert serve(engine(model_dir, disk(b), is_async=is_async), "d", PROMPT) == 60
 
 
@@ -180,7 +180,7 @@ def test_damaged_files_are_recomputed_never_served(model_dir, tmp_path):
     assert serve(two, "b", PROMPT) == 0  # chunk 0 failed its check: nothing loaded
     assert two.checked_positions["b"] >= 59
     assert tier_stats(two, 0)["corrupt"] >= 1
-    assert stats(two).remote_chunks_failed >= 1
+    assert stats(two).secondary_chunks_failed >= 1
     # The worker reported it for the metrics (vllm:kvoffload_disk_*{path=...}), as vLLM
     # collected it step by step.
     reports = [
@@ -202,7 +202,7 @@ def test_a_directory_removed_under_a_running_engine_costs_hits_not_service(model
     rig.reset_gpu_prefix_cache()
     assert serve(rig, "b", PROMPT) == 0  # the index said yes, the files were gone: recomputed
     assert rig.checked_positions["b"] >= 59
-    assert stats(rig).remote_chunks_failed >= 1
+    assert stats(rig).secondary_chunks_failed >= 1
     # The tier writes again (the directory is made anew) and serves the next request.
     rig.cpu_store().reset()
     rig.reset_gpu_prefix_cache()
@@ -275,7 +275,7 @@ def test_tp2_ranks_each_keep_their_shard_and_a_lost_one_heals(model_dir, tmp_pat
     assert serve(one, "a", PROMPT) == 0
     ranks = shard_dirs(one, tmp_path)
     assert [len(files(d)) for d in ranks] == [5, 5]
-    assert stats(one).remote_shards_written == 10
+    assert stats(one).secondary_shards_written == 10
     two = tp_engine()
     assert serve(two, "b", PROMPT) == 60
     # Each rank's values differ: a shard read by the wrong rank would fail the check.
@@ -287,7 +287,7 @@ def test_tp2_ranks_each_keep_their_shard_and_a_lost_one_heals(model_dir, tmp_pat
     three = tp_engine()
     assert serve(three, "c", PROMPT) == 0
     assert three.checked_positions["c"] >= 59
-    assert stats(three).remote_chunks_failed >= 1
+    assert stats(three).secondary_chunks_failed >= 1
     assert [len(files(d)) for d in ranks] == [5, 5]
     assert serve(tp_engine(), "d", PROMPT) == 60
 
@@ -338,7 +338,7 @@ def test_a_failing_disk_costs_its_hits_and_redis_behind_it_still_serves(model_di
     # waiting, finds them in Redis.
     assert serve(rig, "b", PROMPT) == 60
     assert rig.checked_positions["b"] >= 60
-    assert stats(rig).remote_chunks_failed == 5
+    assert stats(rig).secondary_chunks_failed == 5
     assert tier_stats(rig, 1)["loaded_chunks"] == 5
     disk_stats = tier_stats(rig, 0)
     assert disk_stats["breaker_state"] == 1  # down: 3 I/O failures in a row
@@ -353,7 +353,7 @@ def test_a_failing_disk_costs_its_hits_and_redis_behind_it_still_serves(model_di
     rig.reset_gpu_prefix_cache()
     assert serve(rig, "c", other) == 60
     assert rig.checked_positions["c"] >= 60
-    assert stats(rig).remote_chunks_failed == 5
+    assert stats(rig).secondary_chunks_failed == 5
     assert tier_stats(rig, 1)["loaded_chunks"] == 10
 
 

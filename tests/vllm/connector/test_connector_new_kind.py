@@ -53,12 +53,12 @@ def test_engine_two_promotes_what_engine_one_wrote_on(model_dir, memory_tier, is
     one = make_rig(model_dir, is_async=is_async, extra={"secondary_tiers": [memory_tier]})
     assert serve(one, "a", PROMPT) == 0
     assert len(memory_kind.TIERS["m"]) == 5
-    assert stats(one).remote_shards_written == 5
+    assert stats(one).secondary_shards_written == 5
     two = make_rig(model_dir, is_async=is_async, extra={"secondary_tiers": [memory_tier]})
     assert serve(two, "b", PROMPT) == 60
     assert two.checked_positions["b"] >= 60
     s = stats(two)
-    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (5, 0)
+    assert (s.secondary_chunks_promoted, s.secondary_chunks_failed) == (5, 0)
     two.connector.shutdown()
     assert two.connector._sched().tier_lookups[0].closed
 
@@ -83,9 +83,9 @@ def test_a_chunk_gone_before_its_promotion_is_recomputed(model_dir, memory_tier)
     assert serve(two, "b", PROMPT) == 24
     assert two.outputs["b"] == one.outputs["a"]
     s = stats(two)
-    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (4, 1)
+    assert (s.secondary_chunks_promoted, s.secondary_chunks_failed) == (4, 1)
     # The recomputed chunk is written back, and is no longer a miss of this tier.
-    assert s.remote_shards_written == 1
+    assert s.secondary_shards_written == 1
     assert lost[0] in memory_kind.TIERS["m"]
     assert lookups.missed == set()
 
@@ -99,7 +99,7 @@ def test_chained_behind_a_disk_every_tier_is_written(model_dir, memory_tier, tmp
     }
     one = make_rig(model_dir, extra={"secondary_tiers": [disk, memory_tier]})
     serve(one, "a", PROMPT)
-    assert stats(one).remote_shards_written == 10  # 5 chunks to each tier
+    assert stats(one).secondary_shards_written == 10  # 5 chunks to each tier
     assert len(memory_kind.TIERS["m"]) == 5
     # An engine without that disk finds the prompt in the memory tier.
     two = make_rig(model_dir, extra={"secondary_tiers": [memory_tier]})

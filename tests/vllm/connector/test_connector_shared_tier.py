@@ -73,7 +73,7 @@ def test_engines_share_a_tls_server(model_dir, redis_tls, is_async):
     assert serve(two, "b", PROMPT) == 60
     assert two.checked_positions["b"] >= 60
     s = stats(two)
-    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (5, 0)
+    assert (s.secondary_chunks_promoted, s.secondary_chunks_failed) == (5, 0)
 
 
 def test_engines_share_a_cluster(model_dir, cluster, is_async):
@@ -86,7 +86,7 @@ def test_engines_share_a_cluster(model_dir, cluster, is_async):
     assert serve(two, "b", PROMPT) == 60
     assert two.checked_positions["b"] >= 60
     s = stats(two)
-    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (5, 0)
+    assert (s.secondary_chunks_promoted, s.secondary_chunks_failed) == (5, 0)
 
 
 def taken_over(cluster: RedisCluster, dead: RedisServer) -> None:
@@ -128,7 +128,7 @@ def test_a_killed_primary_costs_its_chunks_and_the_engines_recover(model_dir, cl
     # Every loaded position was checked byte for byte; chunks on the dead primary were
     # recomputed (or found after the replica took over), the others loaded.
     assert all(two.checked_positions[f"b{i}"] >= 48 for i in range(8))
-    assert 0 < stats(two).remote_chunks_promoted
+    assert 0 < stats(two).secondary_chunks_promoted
     assert slowest < 5.0  # a step waits at most a job's deadline (2 s + bytes), never hangs
     taken_over(cluster, victim)
     three = engine(model_dir, cluster.url)
@@ -145,21 +145,21 @@ def test_engine_two_loads_what_engine_one_computed(model_dir, redis, is_async):
     one = engine(model_dir, redis.url, is_async)
     assert serve(one, "a", PROMPT) == 0
     assert len(chunk_keys(redis)) == 5  # every full chunk went on to the shared tier
-    assert stats(one).remote_shards_written == 5
+    assert stats(one).secondary_shards_written == 5
     assert store_counts(one) == (5, 0, 0)  # nothing left pinned once the writes ended
 
     two = engine(model_dir, redis.url, is_async)
     assert serve(two, "b", PROMPT) == 60
     assert two.checked_positions["b"] >= 60  # every loaded position checked byte for byte
     s = stats(two)
-    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (5, 0)
+    assert (s.secondary_chunks_promoted, s.secondary_chunks_failed) == (5, 0)
     assert s.chunks_loaded == 5  # promoted into the CPU tier, then loaded from it
     assert store_counts(two) == (5, 0, 0)
     # The same hit as engine 1's own CPU tier gives it.
     one.reset_gpu_prefix_cache()
-    asked = stats(one).remote_lookups
+    asked = stats(one).secondary_lookups
     assert serve(one, "a2", PROMPT) == 60
-    assert stats(one).remote_lookups == asked  # a whole CPU-tier hit never asks Redis
+    assert stats(one).secondary_lookups == asked  # a whole CPU-tier hit never asks Redis
 
 
 def tp_engine(model_dir: str, url: str, is_async: bool = False, **rig: object) -> Rig:
@@ -179,12 +179,12 @@ def test_tp2_ranks_each_write_and_load_their_own_shard(model_dir, redis, is_asyn
     assert serve(one, "a", PROMPT) == 0
     assert len(shard_keys(redis, one, 0)) == len(shard_keys(redis, one, 1)) == 5
     assert len(chunk_keys(redis)) == 10
-    assert stats(one).remote_shards_written == 10
+    assert stats(one).secondary_shards_written == 10
     two = tp_engine(model_dir, redis.url, is_async)
     assert serve(two, "b", PROMPT) == 60
     # Each rank's values differ: a shard read by the wrong rank would fail the check.
     assert two.checked_positions["b"] >= 60
-    assert (stats(two).remote_chunks_promoted, stats(two).remote_chunks_failed) == (5, 0)
+    assert (stats(two).secondary_chunks_promoted, stats(two).secondary_chunks_failed) == (5, 0)
 
 
 def test_a_rank_shard_evicted_is_a_miss_at_lookup_not_a_failed_promotion(model_dir, redis):
@@ -195,7 +195,7 @@ def test_a_rank_shard_evicted_is_a_miss_at_lookup_not_a_failed_promotion(model_d
     two = tp_engine(model_dir, redis.url)
     assert serve(two, "b", PROMPT) == 36  # chunks 0..2
     s = stats(two)
-    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (3, 0)
+    assert (s.secondary_chunks_promoted, s.secondary_chunks_failed) == (3, 0)
 
 
 def test_mla_writes_one_value_per_chunk_and_every_rank_loads_it(model_dir, redis, is_async):
@@ -204,12 +204,12 @@ def test_mla_writes_one_value_per_chunk_and_every_rank_loads_it(model_dir, redis
     assert (settings.replicated, settings.num_shards) == (True, 1)
     assert serve(one, "a", PROMPT) == 0
     assert len(chunk_keys(redis)) == len(shard_keys(redis, one, 0)) == 5  # TP rank 0's only
-    assert stats(one).remote_shards_written == 5
+    assert stats(one).secondary_shards_written == 5
     assert store_counts(one) == (5, 0, 0)  # the writes ended on one rank's report
     two = tp_engine(model_dir, redis.url, is_async, mla=True)
     assert serve(two, "b", PROMPT) == 60
     assert two.checked_positions["b"] >= 60  # on both ranks, from the one value
-    assert (stats(two).remote_chunks_promoted, stats(two).remote_chunks_failed) == (5, 0)
+    assert (stats(two).secondary_chunks_promoted, stats(two).secondary_chunks_failed) == (5, 0)
 
 
 def test_replicated_and_per_rank_values_never_meet(model_dir, redis):
@@ -217,7 +217,7 @@ def test_replicated_and_per_rank_values_never_meet(model_dir, redis):
     # Same model name, same TP: a per-rank engine must not read the replicated layout.
     per_rank = tp_engine(model_dir, redis.url)
     assert serve(per_rank, "b", PROMPT) == 0
-    assert stats(per_rank).remote_chunks_promoted == 0
+    assert stats(per_rank).secondary_chunks_promoted == 0
 
 
 def test_per_node_metrics_sum_both_workers_over_each_primary(model_dir, cluster):
@@ -228,13 +228,13 @@ def test_per_node_metrics_sum_both_workers_over_each_primary(model_dir, cluster)
     prom = KVOffloadConnector.build_prom_metrics(one.vllm_config, types, ["engine"], {0: ["0"]})
     for data in one.connector_stats:
         prom.observe(data)
-    name = "vllm:kvoffload_remote_node_bytes_written"
+    name = "vllm:kvoffload_redis_node_bytes_written"
     written = {labels[-1]: v for labels, v in Recorder.made[name].values.items()}
     assert set(written) <= {f"127.0.0.1:{n.port}" for n in cluster.primaries()} and written
     settings = one.connector._sched().settings
     shard = settings.worker_block_bytes * settings.config.blocks_per_chunk
     assert sum(written.values()) == 10 * shard  # 5 chunks, a shard from each of 2 workers
-    assert Recorder.made["vllm:kvoffload_remote_node_failures"].values == {}
+    assert Recorder.made["vllm:kvoffload_redis_node_failures"].values == {}
 
 
 def test_kv_events_name_what_reached_the_shared_tier(model_dir, redis):
@@ -264,7 +264,7 @@ def test_engine_two_hits_every_chunk_engine_one_stored(model_dir, redis):
     two = engine(model_dir, redis.url)
     hits = [serve(two, f"b{i}", p) for i, p in enumerate(prompts)]
     assert hits == [len(p) for p in prompts]  # 672 tokens, every one checked
-    assert stats(two).remote_chunks_promoted == 56
+    assert stats(two).secondary_chunks_promoted == 56
 
 
 def split_engine(model_dir: str, url: str, is_async: bool) -> Rig:
@@ -272,7 +272,7 @@ def split_engine(model_dir: str, url: str, is_async: bool) -> Rig:
     serve(engine(model_dir, url, is_async), "a", PROMPT)
     two = engine(model_dir, url, is_async)
     assert serve(two, "head", PROMPT[:13]) == 12  # promotes chunk 0 (engine 1 wrote it)
-    assert stats(two).remote_chunks_promoted == 1
+    assert stats(two).secondary_chunks_promoted == 1
     two.reset_gpu_prefix_cache()
     return two
 
@@ -291,7 +291,7 @@ def test_max_load_tokens_caps_both_tiers_together(
     assert (0 if load is None else load.num_tokens) == loaded
     assert two.checked_positions["b"] >= 70 - 1
     # Only the chunks inside the cap were promoted (chunk 0 was, by the set-up).
-    assert stats(two).remote_chunks_promoted == 1 + promoted
+    assert stats(two).secondary_chunks_promoted == 1 + promoted
 
 
 @pytest.mark.parametrize("max_offload_tokens", [0, 24])
@@ -321,9 +321,9 @@ def test_offload_prompt_only_holds_for_redis(model_dir, redis):
 )
 def test_kv_load_tiers_selects_the_shared_tier(model_dir, redis, tiers, loaded):
     two = split_engine(model_dir, redis.url, is_async=False)
-    asked = stats(two).remote_lookups
+    asked = stats(two).secondary_lookups
     assert serve(two, "b", LONGER, {"kv_load_tiers": tiers}) == loaded
-    assert (stats(two).remote_lookups > asked) == (loaded > 12)  # excluded: never asked
+    assert (stats(two).secondary_lookups > asked) == (loaded > 12)  # excluded: never asked
 
 
 @pytest.mark.parametrize("bad", ["cpu", [{"medium": "tape"}], [3]])
@@ -351,7 +351,7 @@ def test_a_promotion_that_fails_halfway_loads_what_arrived(model_dir, redis, is_
     assert serve(two, "b", LONGER) == 36  # chunks 0..2 arrived: a whole-chunk prefix
     assert two.checked_positions["b"] >= 69
     s = stats(two)
-    assert (s.remote_chunks_promoted, s.remote_chunks_failed) == (4, 1)
+    assert (s.secondary_chunks_promoted, s.secondary_chunks_failed) == (4, 1)
     assert store_counts(two)[1:] == (0, 0)
 
 
@@ -372,10 +372,10 @@ def test_an_abort_while_promoting_leaves_nothing_pending(model_dir, redis, is_as
     assert aborted and "b" not in two.external_hits
     assert store_counts(two) == (5, 0, 0)  # promoted, ready, unpinned: the next request hits
     two.before_worker = None
-    asked = stats(two).remote_lookups
+    asked = stats(two).secondary_lookups
     assert serve(two, "c", LONGER) == 60
-    assert stats(two).remote_chunks_promoted == 5
-    assert stats(two).remote_lookups == asked  # c found every chunk in the CPU tier
+    assert stats(two).secondary_chunks_promoted == 5
+    assert stats(two).secondary_lookups == asked  # c found every chunk in the CPU tier
 
 
 def test_no_secondary_tier_asks_nothing_remote(model_dir):
@@ -383,7 +383,7 @@ def test_no_secondary_tier_asks_nothing_remote(model_dir):
     serve(rig, "a", PROMPT)
     assert rig.worker._worker().tiers == []
     assert rig.connector._sched().scheduler.secondary_tiers == ()
-    assert stats(rig).remote_lookups == 0
+    assert stats(rig).secondary_lookups == 0
 
 
 # --- faults -------------------------------------------------------------------------------------
@@ -404,7 +404,7 @@ def test_server_absent_at_start_up_warns_and_serves(model_dir, caplog):
         rig = engine(model_dir, url, connect_timeout_s=0.2)
     assert "unreachable" in caplog.text
     assert serve(rig, "a", PROMPT) == 0
-    assert rig.outputs["a"] and stats(rig).remote_writes_dropped == 5
+    assert rig.outputs["a"] and stats(rig).secondary_writes_dropped == 5
     rig.reset_gpu_prefix_cache()
     assert serve(rig, "b", PROMPT) == 60  # the CPU tier serves on
 
@@ -424,7 +424,7 @@ def test_server_killed_before_a_promotion_recomputes_and_recovers(model_dir, red
     io.promote = kill_then_promote
     assert serve(two, "b", PROMPT) == 0  # the promotion failed: recomputed, and checked
     assert two.checked_positions["b"] >= 59
-    assert stats(two).remote_chunks_failed == 5
+    assert stats(two).secondary_chunks_failed == 5
     assert store_counts(two)[1:] == (0, 0)
     two.reset_gpu_prefix_cache()
     assert serve(two, "b2", PROMPT) == 60  # engine 2's own CPU tier still serves
@@ -460,7 +460,7 @@ def test_corrupt_values_are_recomputed_and_replaced(model_dir, redis):
     two = engine(model_dir, redis.url)
     assert serve(two, "b", PROMPT) == 0  # nothing wrong served: computed and checked
     assert two.checked_positions["b"] >= 59
-    assert stats(two).remote_chunks_failed == 5
+    assert stats(two).secondary_chunks_failed == 5
     assert shard_io(two).client.stats()["corrupt"] == 5
     # Each bad value was deleted, so engine 2's own cascade replaced it: a third engine loads it.
     assert serve(engine(model_dir, redis.url), "c", PROMPT) == 60
@@ -472,7 +472,7 @@ def test_a_full_server_drops_writes_never_gpu_stores(model_dir):
         for i in range(12):
             serve(rig, f"r{i}", prompt(100 + i, 60))
         s = stats(rig)
-        assert s.remote_writes_dropped >= 1
+        assert s.secondary_writes_dropped >= 1
         assert s.chunks_stored == 60 and s.store_failures == 0  # the CPU tier took every chunk
         assert all(rig.outputs[f"r{i}"] for i in range(12))
 
@@ -492,7 +492,7 @@ def test_writes_wait_while_half_the_cpu_tier_is_pinned_by_writes(model_dir, redi
     s = stats(rig)
     assert s.chunks_stored == 4 and s.store_failures == 0  # the CPU tier took every chunk
     assert max(pinned) == 2  # a's 2 chunks pinned by their write; b's waited their turn
-    assert s.remote_writes_dropped == 4  # then each write failed by its deadline
+    assert s.secondary_writes_dropped == 4  # then each write failed by its deadline
     assert store_counts(rig) == (4, 0, 0)
 
 
@@ -536,7 +536,7 @@ def test_a_request_that_skips_the_prefix_cache_asks_nothing(model_dir, redis):
     two = engine(model_dir, redis.url)
     assert serve(two, "b", PROMPT, None, prompt_logprobs=1) == 0  # vLLM skips reading for it
     s = stats(two)
-    assert (s.remote_lookups, s.remote_promotions, s.lookups) == (0, 0, 0)
+    assert (s.secondary_lookups, s.secondary_promotions, s.lookups) == (0, 0, 0)
 
 
 def test_a_tier_known_down_is_a_miss_without_waiting(model_dir):
@@ -545,7 +545,7 @@ def test_a_tier_known_down_is_a_miss_without_waiting(model_dir):
     assert rig.connector._sched().tier_lookups[0]._client.state == "down"
     serve(rig, "a", PROMPT)
     s = stats(rig)
-    assert (s.remote_lookups, s.deferred_lookups) == (0, 0)
+    assert (s.secondary_lookups, s.deferred_lookups) == (0, 0)
 
 
 def test_module_path_may_name_us(model_dir, redis):
@@ -584,6 +584,6 @@ def test_a_request_preempted_after_its_promotion_reloads_from_the_cpu_tier(model
     (victim,) = preempted
     loads = [load.num_tokens for load in two.loads if load.request_id == victim]
     assert loads == [24, 24]  # promoted, loaded; after the preemption, loaded again
-    assert stats(two).remote_chunks_promoted == 4  # each chunk came from Redis once
+    assert stats(two).secondary_chunks_promoted == 4  # each chunk came from Redis once
     assert store_counts(two)[1:] == (0, 0)
     assert len(two.outputs[victim]) == 40 and two.checked_positions[victim] >= 62

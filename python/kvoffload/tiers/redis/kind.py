@@ -42,7 +42,14 @@ class SchedulerRedisLookups(RedisLookups):
 class RedisKind:
     name = "RedisTier"
     locality = "REMOTE"
-    report = Report("remote_nodes", "kvoffload_remote_node_", "node", NODE_COUNTERS, NODE_GAUGES)
+    report = Report(
+        "redis_nodes",
+        "kvoffload_redis_node_",
+        "node",
+        NODE_COUNTERS,
+        NODE_GAUGES,
+        renamed_from=("kvoffload_remote_node_",),
+    )
 
     def parse(self, entry: Mapping[str, Any]) -> RedisTierConfig:
         return RedisTierConfig.from_dict(entry)

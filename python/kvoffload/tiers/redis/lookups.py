@@ -1,4 +1,4 @@
-"""`RedisLookups`: non-blocking existence checks against the shared tier, batched per step.
+"""`RedisLookups`: non-blocking existence checks against a Redis tier, batched per step.
 
 The contract of vLLM's `AsyncLookupManager`: `lookup` answers True or False once the server has
 answered and None ("ask again") until then; the keys asked during a step go out together at

@@ -134,7 +134,7 @@ class KVOffloadConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         # The counters live on the scheduler side (workers report jobs through their results);
-        # a worker reports what each node of the shared tier and each disk tier did for it.
+        # a worker reports what each place of each secondary tier (a Redis node, a directory) did.
         if self._scheduler_side is not None:
             return self._scheduler_side.get_stats()
         return None if self._worker_side is None else self._worker_side.get_stats()

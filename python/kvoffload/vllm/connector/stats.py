@@ -30,17 +30,28 @@ _COUNTERS: dict[str, str] = {
     "bytes_stored": "Bytes copied GPU -> CPU (all workers)",
     "store_failures": "Store jobs that failed (their chunks were dropped)",
     "store_refusals": "Store offers the full CPU tier could not take (retried next step)",
-    "remote_lookups": "Lookups that went on past the CPU tier to a secondary tier (one per tier "
+    "secondary_lookups": "Lookups that went on past the CPU tier to a secondary tier (one per tier "
     "asked)",
-    "remote_chunks_promoted": "Chunks promoted from a secondary tier into the CPU tier",
-    "remote_chunks_failed": "Promoted chunks not filled (absent, corrupt, server down): recomputed",
-    "remote_promotion_refusals": "Secondary-tier hits not promoted: no CPU-tier slot could take "
+    "secondary_chunks_promoted": "Chunks promoted from a secondary tier into the CPU tier",
+    "secondary_chunks_failed": "Promoted chunks not filled (absent, corrupt, server down): "
+    "recomputed",
+    "secondary_promotion_refusals": "Secondary-tier hits not promoted: no CPU-tier slot could take "
     "them",
-    "remote_shards_written": "Chunk shards (one per worker, or per pipeline stage on MLA) written "
-    "on to the secondary tiers (once per tier)",
-    "remote_writes_dropped": "Chunk shards not written on (backpressure, server down, failure)",
+    "secondary_shards_written": "Chunk shards (one per worker, or per pipeline stage on MLA) "
+    "written on to the secondary tiers (once per tier)",
+    "secondary_writes_dropped": "Chunk shards not written on (backpressure, server down, failure)",
     "ignored_params": "Invalid per-request kv_transfer_params values that were ignored",
 }
+RENAMED: dict[str, str] = {
+    "remote_lookups": "secondary_lookups",
+    "remote_chunks_promoted": "secondary_chunks_promoted",
+    "remote_chunks_failed": "secondary_chunks_failed",
+    "remote_promotion_refusals": "secondary_promotion_refusals",
+    "remote_shards_written": "secondary_shards_written",
+    "remote_writes_dropped": "secondary_writes_dropped",
+}
+"""Counters renamed for vLLM's word (a secondary tier, not "remote": a disk is one too), old ->
+new: the old names are exported as well, with the same values, until the next release."""
 
 
 # Gauges: the latest value counts, not a sum over the interval.
@@ -127,14 +138,13 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
         per_engine_labelvalues: dict[int, list[object]],
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self._counters: dict[str, dict[int, Any]] = {}
+        self._counters: dict[str, list[dict[int, Any]]] = {}
         for name, doc in _COUNTERS.items():
-            metric = self._counter_cls(
-                name=f"vllm:kvoffload_{name}", documentation=doc, labelnames=labelnames
-            )
-            self._counters[name] = {
-                engine: metric.labels(*values) for engine, values in per_engine_labelvalues.items()
-            }
+            self._counters[name] = [self._per_engine(name, doc, labelnames, per_engine_labelvalues)]
+        for old, new in RENAMED.items():
+            doc = f"Deprecated: vllm:kvoffload_{new} (goes in the next release)"
+            alias = self._per_engine(old, doc, labelnames, per_engine_labelvalues)
+            self._counters[new].append(alias)
         self._reports = _reports()
         self._per_place_metrics = {
             key: self._per_place(report, labelnames) for key, report in self._reports.items()
@@ -149,16 +159,33 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
                 engine: gauge.labels(*values) for engine, values in per_engine_labelvalues.items()
             }
 
-    def _per_place(self, report: Report, labelnames: list[str]) -> dict[str, Any]:
-        """A kind's per-place metrics, each with one more label: the place."""
+    def _per_engine(
+        self,
+        name: str,
+        doc: str,
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> dict[int, Any]:
+        metric = self._counter_cls(
+            name=f"vllm:kvoffload_{name}", documentation=doc, labelnames=labelnames
+        )
+        return {engine: metric.labels(*values) for engine, values in per_engine_labelvalues.items()}
+
+    def _per_place(self, report: Report, labelnames: list[str]) -> dict[str, list[Any]]:
+        """A kind's per-place metrics (under their deprecated names too), each with one more
+        label: the place."""
         labels = [*labelnames, report.label]
-        prefix = "vllm:" + report.metric
-        out = {
-            name: self._counter_cls(name=prefix + name, documentation=doc, labelnames=labels)
-            for name, doc in report.counters.items()
-        }
-        for name, doc in report.gauges.items():
-            out[name] = self._gauge_cls(name=prefix + name, documentation=doc, labelnames=labels)
+        out: dict[str, list[Any]] = {}
+        for prefix in (report.metric, *report.renamed_from):
+            for cls, table in (
+                (self._counter_cls, report.counters),
+                (self._gauge_cls, report.gauges),
+            ):
+                for name, doc in table.items():
+                    if prefix != report.metric:
+                        doc = f"Deprecated: vllm:{report.metric}{name} (goes in the next release)"
+                    metric = cls(name=f"vllm:{prefix}{name}", documentation=doc, labelnames=labels)
+                    out.setdefault(name, []).append(metric)
         return out
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
@@ -167,16 +194,16 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
             for where, values in transfer_stats_data.get(key, {}).items():
                 labels = [*self._labelvalues[engine_idx], where]
                 for name, value in values.items():
-                    metric = metrics[name].labels(*labels)
-                    if name in gauges:
-                        metric.set(value)
-                    elif value:
-                        metric.inc(value)
+                    for metric in metrics[name]:
+                        if name in gauges:
+                            metric.labels(*labels).set(value)
+                        elif value:
+                            metric.labels(*labels).inc(value)
         for name, value in transfer_stats_data.items():
             gauge = self._gauges.get(name)
             if gauge is not None:
                 gauge[engine_idx].set(value)
                 continue
-            per_engine = self._counters.get(name)
-            if per_engine is not None and value:
-                per_engine[engine_idx].inc(value)
+            if value:
+                for per_engine in self._counters.get(name, ()):
+                    per_engine[engine_idx].inc(value)

@@ -208,14 +208,14 @@ class WorkerSide:
         `wait_for_save`, so that this step's results, which vLLM may collect before
         `wait_for_save` (speculative decoding), already count them as in flight."""
         self._held.update(meta.held_request_ids)
-        self._start_remote(meta)
+        self._start_tier_jobs(meta)
         deferred, self._deferred = self._deferred, list(meta.stores)
         for job in deferred:
             self._submit(job)
         if meta.flush_job_ids:
             self._engine().wait(meta.flush_job_ids)
 
-    def _start_remote(self, meta: KVOffloadMetadata) -> None:
+    def _start_tier_jobs(self, meta: KVOffloadMetadata) -> None:
         if not (meta.promotions or meta.cascades):
             return
         if not self.tiers:

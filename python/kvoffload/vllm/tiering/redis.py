@@ -100,7 +100,7 @@ class RedisTier(ChunkTier):
         self._canary = SeedCanary(self._client, logger)
         if self._client.startup_error is not None:
             logger.warning(
-                "RedisTier %s is unreachable (%s): the engine serves without the shared tier "
+                "RedisTier %s is unreachable (%s): the engine serves without the Redis tier "
                 "and retries in the background",
                 self.config.masked_url,
                 self._client.startup_error,
@@ -165,7 +165,7 @@ class RedisTier(ChunkTier):
             for name, doc in _COUNTERS.items()
         }
         metrics[_METRIC + "breaker_state"] = OffloadingGaugeMetadata(
-            documentation="The shared tier's circuit breaker: 0 up, 1 down, 2 half-open.",
+            documentation="The Redis tier's circuit breaker: 0 up, 1 down, 2 half-open.",
             labelnames=labels,
         )
         node_labels = (TIER_LABEL, "node")
