@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from kvoffload.tiers import Report, registry
+from kvoffload.tiers import disk as disk_kind
+from kvoffload.tiers import redis as redis_kind
 from kvoffload.tiers.disk import KIND as DISK
 from kvoffload.tiers.redis import KIND as REDIS
 
@@ -70,7 +72,7 @@ def _name_prefixes(tree: ast.Module, factory: str) -> set[str]:
         ):
             continue
         for kw in node.keywords:
-            # The per-node metrics are `_NODE_METRIC + name` (read by `_node_metrics`).
+            # The per-place metrics are named apart, from each kind's `Report`.
             if kw.arg == "name" and isinstance(kw.value, ast.JoinedStr):
                 head = kw.value.values[0]
                 assert isinstance(head, ast.Constant), ast.dump(head)
@@ -84,10 +86,6 @@ def _report_metrics(prefix: object, report: Report) -> dict[str, str]:
     out = {scraped(prefix + n, "counter"): "counter" for n in report.counters}
     out.update({scraped(prefix + n, "gauge"): "gauge" for n in report.gauges})
     return out
-
-
-def _node_metrics(tree: ast.Module) -> dict[str, str]:
-    return _report_metrics(_module_literal(tree, "_NODE_METRIC"), REDIS.report)
 
 
 def connector_metrics() -> dict[str, str]:
@@ -111,61 +109,48 @@ def connector_metrics() -> dict[str, str]:
     return out
 
 
-def disk_tier_metrics() -> dict[str, str]:
-    """DiskTier's metrics (through vLLM's OffloadingConnector): the disk report's, under its
-    `_METRIC`."""
-    tree = ast.parse(DISK_TIER.read_text())
+def _tiering_metrics(path: Path) -> dict[str, str]:
+    """A tiering adapter's metrics (through vLLM's OffloadingConnector, which creates each
+    definition under its own name): every `metric_definitions(prefix, counters, gauges, ...)`
+    call of its `build_metric_definitions`, each name read from the module's own literals or
+    from its kind's folder."""
+    tree = ast.parse(path.read_text())
     (build,) = [
         node
         for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef) and node.name == "build_metric_definitions"
     ]
-    source = ast.unparse(build)
-    assert "DISK_COUNTERS.items()" in source and "DISK_GAUGES.items()" in source
-    return _report_metrics(_module_literal(tree, "_METRIC"), DISK.report)
+    calls = [
+        node
+        for node in ast.walk(build)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "metric_definitions"
+    ]
+    assert calls, f"{path.name}: no metric_definitions call"
+
+    def value(arg: ast.expr) -> object:
+        assert isinstance(arg, ast.Name), ast.dump(arg)
+        try:
+            return _module_literal(tree, arg.id)
+        except AssertionError:
+            return getattr(redis_kind, arg.id, None) or getattr(disk_kind, arg.id)
+
+    out = {}
+    for call in calls:
+        prefix, counters, gauges = (value(a) for a in call.args[:3])
+        assert isinstance(prefix, str) and isinstance(counters, dict) and isinstance(gauges, dict)
+        out.update({scraped(prefix + n, "counter"): "counter" for n in counters})
+        out.update({scraped(prefix + n, "gauge"): "gauge" for n in gauges})
+    return out
+
+
+def disk_tier_metrics() -> dict[str, str]:
+    return _tiering_metrics(DISK_TIER)
 
 
 def redis_tier_metrics() -> dict[str, str]:
-    """RedisTier's metrics (through vLLM's OffloadingConnector, which creates each definition
-    under its own name): scraped name -> "counter" or "gauge"."""
-    tree = ast.parse(REDIS_TIER.read_text())
-    prefix = _module_literal(tree, "_METRIC")
-    counters = _module_literal(tree, "_COUNTERS")
-    assert isinstance(prefix, str) and isinstance(counters, dict)
-    (build,) = [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef) and node.name == "build_metric_definitions"
-    ]
-    # The counters: a comprehension of OffloadingCounterMetadata over _COUNTERS.
-    comprehensions = [
-        node
-        for node in ast.walk(build)
-        if isinstance(node, ast.DictComp)
-        and isinstance(node.value, ast.Call)
-        and isinstance(node.value.func, ast.Name)
-        and node.value.func.id == "OffloadingCounterMetadata"
-    ]
-    assert len(comprehensions) == 1
-    assert "_COUNTERS.items()" in ast.unparse(comprehensions[0].generators[0].iter)
-    out = {scraped(prefix + n, "counter"): "counter" for n in counters}
-    # The gauges: `metrics[_METRIC + "..."] = OffloadingGaugeMetadata(...)`.
-    for node in ast.walk(build):
-        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
-            continue
-        func = node.value.func
-        if not (isinstance(func, ast.Name) and func.id == "OffloadingGaugeMetadata"):
-            continue
-        (target,) = node.targets
-        if "_NODE_METRIC" in ast.unparse(target):
-            continue  # `_node_metrics`
-        assert isinstance(target, ast.Subscript)
-        key = target.slice
-        assert isinstance(key, ast.BinOp) and isinstance(key.right, ast.Constant)
-        assert isinstance(key.left, ast.Name) and key.left.id == "_METRIC"
-        out[scraped(prefix + key.right.value, "gauge")] = "gauge"
-    out.update(_node_metrics(tree))
-    return out
+    return _tiering_metrics(REDIS_TIER)
 
 
 def exported() -> dict[str, str]:

@@ -26,6 +26,10 @@ class TierConfig(Protocol):
         """Only read from: nothing is written to it."""
 
     @property
+    def enable_kv_events(self) -> bool:
+        """Whether vLLM's tiering publishes its events (our connector always does)."""
+
+    @property
     def drain_timeout_s(self) -> float:
         """How long a shutdown waits for the jobs in flight."""
 

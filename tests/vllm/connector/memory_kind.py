@@ -25,6 +25,7 @@ class MemoryTierConfig:
     name: str
     namespace: str
     read_only: bool = False
+    enable_kv_events: bool = False
 
     @property
     def where(self) -> str:

@@ -6,16 +6,39 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent, OffloadKey
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
+from vllm.v1.kv_offload.base import (
+    Locality,
+    Medium,
+    OffloadingCounterMetadata,
+    OffloadingEvent,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+)
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvoffload.errors import ConfigError
-from kvoffload.tiers import CORRUPT, EXISTS, FAILED, OK, DataPath, TierConfig, TierIdentity
+from kvoffload.tiers import (
+    CORRUPT,
+    EXISTS,
+    FAILED,
+    OK,
+    DataPath,
+    TierConfig,
+    TierIdentity,
+    TierKind,
+)
+from kvoffload.vllm.compat import TIER_LABEL
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -30,34 +53,37 @@ _DRAIN_ROUNDS = 3
 
 
 class ChunkTier(SecondaryTierManager):
-    """Jobs of vLLM's tiering on `self._client`; subclasses say how keys are looked up and what
-    a key that did not load means (`_missed`)."""
+    """Jobs of vLLM's tiering on `self._client`, for the entry of one kind of tier (`kind`);
+    subclasses open the client (under `self._digest`) and say how keys are looked up and what a
+    key that did not load means (`_missed`)."""
 
     medium: ClassVar[Medium] = Medium.STORAGE
+    kind: ClassVar[TierKind]
 
     def __init__(
         self,
         offloading_spec: OffloadingSpec,
         primary_kv_view: memoryview,
         tier_type: str,
-        backpressure_detector: BackpressureDetector | None,
-        *,
-        locality: object,
-        enable_kv_events: bool,
+        backpressure_detector: BackpressureDetector | None = None,
+        **entry: Any,
     ) -> None:
+        self.config: TierConfig = self.kind.parse(entry)
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        self.locality = _locality(locality)
+        self.locality = _locality(entry.get("locality", self.kind.locality))
         self._base = primary_kv_view
+        self._digest = identity_of(
+            offloading_spec, self.config.namespace, self.block_size_bytes
+        ).digest()
         self._jobs: dict[int, tuple[TransferJob, float]] = {}
         self._pending: list[JobResult] = []
         self._events: list[OffloadingEvent] | None = None
-        if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events:
+        if self.config.enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events:
             self._events = []
         self._warned_at = -_WARN_EVERY_S
         self._failed_since_warning = 0
 
     _client: DataPath
-    config: TierConfig
 
     # --- jobs ------------------------------------------------------------------------------
 
@@ -190,6 +216,45 @@ class ChunkTier(SecondaryTierManager):
             events, self._events = self._events, []
             return events
         return ()
+
+    # --- per request -----------------------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        pass
+
+
+def metric_definitions(
+    prefix: str,
+    counters: Mapping[str, str],
+    gauges: Mapping[str, str],
+    labels: tuple[str, ...] = (TIER_LABEL,),
+) -> dict[str, OffloadingMetricMetadata]:
+    """vLLM's definitions of `counters` and `gauges` (name -> help text) under `prefix`."""
+    metrics: dict[str, OffloadingMetricMetadata] = {
+        prefix + name: OffloadingCounterMetadata(documentation=doc, labelnames=labels)
+        for name, doc in counters.items()
+    }
+    for name, doc in gauges.items():
+        metrics[prefix + name] = OffloadingGaugeMetadata(documentation=doc, labelnames=labels)
+    return metrics
+
+
+def add_report(
+    stats: OffloadingConnectorStats,
+    prefix: str,
+    report: Mapping[str, int],
+    gauges: Mapping[str, str],
+    labels: tuple[str, ...],
+) -> None:
+    """One place's report (counter increments and gauges) into `stats`, under `prefix`."""
+    for name, value in report.items():
+        if name in gauges:
+            stats.set_gauge(prefix + name, value, labels)
+        elif value:
+            stats.increase_counter(prefix + name, value, labels)
 
 
 def _locality(value: object) -> Locality:

@@ -19,21 +19,23 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
 )
 from vllm.v1.kv_offload.base import (
-    Locality,
     LookupResult,
-    OffloadingCounterMetadata,
-    OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
-    RequestOffloadingContext,
     ScheduleEndContext,
 )
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
-from kvoffload.tiers.disk import DISK_COUNTERS, DISK_GAUGES, DiskClient, DiskReport, DiskTierConfig
-from kvoffload.vllm.compat import TIER_LABEL
-from kvoffload.vllm.tiering.chunk_tier import ChunkTier, identity_of
+from kvoffload.tiers.disk import (
+    DISK_COUNTERS,
+    DISK_GAUGES,
+    KIND,
+    DiskClient,
+    DiskReport,
+    DiskTierConfig,
+)
+from kvoffload.vllm.tiering.chunk_tier import ChunkTier, add_report, metric_definitions
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -47,6 +49,7 @@ class DiskTier(ChunkTier):
     """A `SecondaryTierManager` on a directory; see `docs/disk-tier.md` for every key. A file
     that fails a check is removed and recomputed; a full filesystem drops the store."""
 
+    kind = KIND
     _client: DiskClient
     config: DiskTierConfig
 
@@ -58,19 +61,11 @@ class DiskTier(ChunkTier):
         backpressure_detector: BackpressureDetector | None = None,
         **entry: Any,
     ) -> None:
-        config = DiskTierConfig.from_dict(entry)
         super().__init__(
-            offloading_spec,
-            primary_kv_view,
-            tier_type,
-            backpressure_detector,
-            locality=entry.get("locality", Locality.LOCAL.value),
-            enable_kv_events=config.enable_kv_events,
+            offloading_spec, primary_kv_view, tier_type, backpressure_detector, **entry
         )
-        self.config = config
-        chunk_bytes = self.block_size_bytes
-        digest = identity_of(offloading_spec, config.namespace, chunk_bytes).digest()
-        self._client = DiskClient(config, digest, chunk_bytes)
+        config = self.config
+        self._client = DiskClient(config, self._digest, self.block_size_bytes)
         self._report = DiskReport(self._client)
         logger.info(
             "DiskTier %s: %d bytes, %s I/O, %d I/O threads%s",
@@ -105,13 +100,7 @@ class DiskTier(ChunkTier):
     def has_pending_work(self) -> bool:
         return bool(self._jobs) or self._client.probes_in_flight() > 0
 
-    # --- per request and per step ----------------------------------------------------------
-
-    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        return RequestOffloadingContext()
-
-    def on_request_finished(self, req_context: ReqContext) -> None:
-        pass
+    # --- per step --------------------------------------------------------------------------
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._client.flush()
@@ -122,24 +111,12 @@ class DiskTier(ChunkTier):
     def build_metric_definitions(
         cls, extra_config: dict[str, Any]
     ) -> dict[str, OffloadingMetricMetadata]:
-        labels = (TIER_LABEL,)
-        metrics: dict[str, OffloadingMetricMetadata] = {
-            _METRIC + name: OffloadingCounterMetadata(documentation=doc, labelnames=labels)
-            for name, doc in DISK_COUNTERS.items()
-        }
-        for name, doc in DISK_GAUGES.items():
-            metrics[_METRIC + name] = OffloadingGaugeMetadata(documentation=doc, labelnames=labels)
-        return metrics
+        return metric_definitions(_METRIC, DISK_COUNTERS, DISK_GAUGES)
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         stats = OffloadingConnectorStats()
-        label = (self.tier_type,)
         for report in self._report.take().values():  # the one directory
-            for name in DISK_COUNTERS:
-                if report[name]:
-                    stats.increase_counter(_METRIC + name, report[name], label)
-            for name in DISK_GAUGES:
-                stats.set_gauge(_METRIC + name, report[name], label)
+            add_report(stats, _METRIC, report, DISK_GAUGES, (self.tier_type,))
         return stats
 
     @property

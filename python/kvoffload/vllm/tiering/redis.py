@@ -17,19 +17,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
 )
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.kv_offload.base import (
-    Locality,
     LookupResult,
-    OffloadingCounterMetadata,
-    OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
-    RequestOffloadingContext,
     ScheduleEndContext,
 )
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
 from kvoffload.tiers.redis import (
+    KIND,
     NODE_COUNTERS,
     NODE_GAUGES,
     NodeReport,
@@ -39,7 +36,7 @@ from kvoffload.tiers.redis import (
     SeedCanary,
 )
 from kvoffload.vllm.compat import TIER_LABEL
-from kvoffload.vllm.tiering.chunk_tier import ChunkTier, identity_of
+from kvoffload.vllm.tiering.chunk_tier import ChunkTier, add_report, metric_definitions
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -60,13 +57,15 @@ _NODE_METRIC = "kvoffload:redis_tier_node_"
 # The encoding of the data path's own `breaker_state` stat.
 _BREAKER_STATES = {"up": 0, "down": 1, "half-open": 2}
 # Gauges of the data path's stats, not counters: never summed over the two clients.
-_GAUGES = frozenset({"jobs_in_flight", "store_bytes_in_flight", "breaker_state"})
+_NOT_SUMMED = frozenset({"jobs_in_flight", "store_bytes_in_flight", "breaker_state"})
+_BREAKER = {"breaker_state": "The Redis tier's circuit breaker: 0 up, 1 down, 2 half-open."}
 
 
 class RedisTier(ChunkTier):
     """A `SecondaryTierManager` on Redis 7 / Valkey 8; see `docs/shared-tier.md` for
     every key. Faults degrade to CPU-only: lookups miss, stores drop, loads fail and recompute."""
 
+    kind = KIND
     _client: RedisClient
     config: RedisTierConfig
 
@@ -78,21 +77,13 @@ class RedisTier(ChunkTier):
         backpressure_detector: BackpressureDetector | None = None,
         **entry: Any,
     ) -> None:
-        config = RedisTierConfig.from_dict(entry)
         super().__init__(
-            offloading_spec,
-            primary_kv_view,
-            tier_type,
-            backpressure_detector,
-            locality=entry.get("locality", Locality.REMOTE.value),
-            enable_kv_events=config.enable_kv_events,
+            offloading_spec, primary_kv_view, tier_type, backpressure_detector, **entry
         )
-        self.config = config
-        chunk_bytes = self.block_size_bytes
-        digest = identity_of(offloading_spec, config.namespace, chunk_bytes).digest()
-        self._client = RedisClient(config, digest, chunk_bytes)
+        config, chunk_bytes = self.config, self.block_size_bytes
+        self._client = RedisClient(config, self._digest, chunk_bytes)
         # Lookups have a connection of their own: one never queues behind a 64-chunk load.
-        self._lookup_client = RedisClient(config, digest, chunk_bytes, connections=1)
+        self._lookup_client = RedisClient(config, self._digest, chunk_bytes, connections=1)
         self._lookups = RedisLookups(self._lookup_client)
         self._nodes = NodeReport(self._client, self._lookup_client)
         self._touch_jobs: set[int] = set()
@@ -102,7 +93,7 @@ class RedisTier(ChunkTier):
             logger.warning(
                 "RedisTier %s is unreachable (%s): the engine serves without the Redis tier "
                 "and retries in the background",
-                self.config.masked_url,
+                config.masked_url,
                 self._client.startup_error,
             )
 
@@ -140,9 +131,6 @@ class RedisTier(ChunkTier):
 
     # --- per request and per step ----------------------------------------------------------
 
-    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        return RequestOffloadingContext()
-
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._lookups.cleanup(req_context.req_id)
 
@@ -159,25 +147,10 @@ class RedisTier(ChunkTier):
     def build_metric_definitions(
         cls, extra_config: dict[str, Any]
     ) -> dict[str, OffloadingMetricMetadata]:
-        labels = (TIER_LABEL,)
-        metrics: dict[str, OffloadingMetricMetadata] = {
-            _METRIC + name: OffloadingCounterMetadata(documentation=doc, labelnames=labels)
-            for name, doc in _COUNTERS.items()
-        }
-        metrics[_METRIC + "breaker_state"] = OffloadingGaugeMetadata(
-            documentation="The Redis tier's circuit breaker: 0 up, 1 down, 2 half-open.",
-            labelnames=labels,
-        )
         node_labels = (TIER_LABEL, "node")
-        for name, doc in NODE_COUNTERS.items():
-            metrics[_NODE_METRIC + name] = OffloadingCounterMetadata(
-                documentation=doc, labelnames=node_labels
-            )
-        for name, doc in NODE_GAUGES.items():
-            metrics[_NODE_METRIC + name] = OffloadingGaugeMetadata(
-                documentation=doc, labelnames=node_labels
-            )
-        return metrics
+        return metric_definitions(_METRIC, _COUNTERS, _BREAKER) | metric_definitions(
+            _NODE_METRIC, NODE_COUNTERS, NODE_GAUGES, node_labels
+        )
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         stats = OffloadingConnectorStats()
@@ -190,12 +163,7 @@ class RedisTier(ChunkTier):
                 self._reported[name] = now[name]
         stats.set_gauge(_METRIC + "breaker_state", _BREAKER_STATES[self.state], label)
         for node, moved in self._nodes.take().items():
-            labels = (self.tier_type, node)
-            for name in NODE_COUNTERS:
-                if moved[name]:
-                    stats.increase_counter(_NODE_METRIC + name, moved[name], labels)
-            for name in NODE_GAUGES:
-                stats.set_gauge(_NODE_METRIC + name, moved[name], labels)
+            add_report(stats, _NODE_METRIC, moved, NODE_GAUGES, (self.tier_type, node))
         return stats
 
     @property
@@ -209,7 +177,7 @@ class RedisTier(ChunkTier):
         """The data path's counters, summed over the data and lookup connections (the gauges:
         the data connections' only)."""
         data, lookups = self._client.stats(), self._lookup_client.stats()
-        return {k: v if k in _GAUGES else v + lookups.get(k, 0) for k, v in data.items()}
+        return {k: v if k in _NOT_SUMMED else v + lookups.get(k, 0) for k, v in data.items()}
 
     def shutdown(self) -> None:
         self._canary.join()
