@@ -82,8 +82,13 @@ class ChunkTier(SecondaryTierManager):
             self._events = []
         self._warned_at = -_WARN_EVERY_S
         self._failed_since_warning = 0
+        self._open()
 
     _client: DataPath
+
+    def _open(self) -> None:
+        """Opens `self._client` (and whatever else the kind needs) under `self._digest`."""
+        raise NotImplementedError
 
     # --- jobs ------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
@@ -25,7 +25,6 @@ from vllm.v1.kv_offload.base import (
     ReqContext,
     ScheduleEndContext,
 )
-from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
 from kvoffload.tiers.disk import (
     DISK_COUNTERS,
@@ -36,9 +35,6 @@ from kvoffload.tiers.disk import (
     DiskTierConfig,
 )
 from kvoffload.vllm.tiering.chunk_tier import ChunkTier, add_report, metric_definitions
-
-if TYPE_CHECKING:
-    from vllm.v1.kv_offload.base import OffloadingSpec
 
 logger = logging.getLogger(__name__)
 
@@ -53,17 +49,7 @@ class DiskTier(ChunkTier):
     _client: DiskClient
     config: DiskTierConfig
 
-    def __init__(
-        self,
-        offloading_spec: OffloadingSpec,
-        primary_kv_view: memoryview,
-        tier_type: str,
-        backpressure_detector: BackpressureDetector | None = None,
-        **entry: Any,
-    ) -> None:
-        super().__init__(
-            offloading_spec, primary_kv_view, tier_type, backpressure_detector, **entry
-        )
+    def _open(self) -> None:
         config = self.config
         self._client = DiskClient(config, self._digest, self.block_size_bytes)
         self._report = DiskReport(self._client)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
@@ -23,7 +23,6 @@ from vllm.v1.kv_offload.base import (
     ReqContext,
     ScheduleEndContext,
 )
-from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
 from kvoffload.tiers.redis import (
     KIND,
@@ -37,9 +36,6 @@ from kvoffload.tiers.redis import (
 )
 from kvoffload.vllm.compat import TIER_LABEL
 from kvoffload.vllm.tiering.chunk_tier import ChunkTier, add_report, metric_definitions
-
-if TYPE_CHECKING:
-    from vllm.v1.kv_offload.base import OffloadingSpec
 
 logger = logging.getLogger(__name__)
 
@@ -69,17 +65,7 @@ class RedisTier(ChunkTier):
     _client: RedisClient
     config: RedisTierConfig
 
-    def __init__(
-        self,
-        offloading_spec: OffloadingSpec,
-        primary_kv_view: memoryview,
-        tier_type: str,
-        backpressure_detector: BackpressureDetector | None = None,
-        **entry: Any,
-    ) -> None:
-        super().__init__(
-            offloading_spec, primary_kv_view, tier_type, backpressure_detector, **entry
-        )
+    def _open(self) -> None:
         config, chunk_bytes = self.config, self.block_size_bytes
         self._client = RedisClient(config, self._digest, chunk_bytes)
         # Lookups have a connection of their own: one never queues behind a 64-chunk load.
