@@ -40,6 +40,7 @@ pytest.importorskip("vllm.config", reason="vLLM is not installed (`make test` in
 from rig import NoCopyWorker, make_rig, write_model_dir
 
 from bench_connector import HOOKS, HookClock, hook_rows, shared_prefix_requests
+from kvoffload.tiers.redis import RedisLookups
 from kvoffload.vllm import DiskTier
 from redis_server import redis_server
 
@@ -101,8 +102,10 @@ def idle(rig: Any) -> Any:
     conn = rig.connector
     if not hasattr(conn, "connector_scheduler"):
         sched = conn._sched()
-        # The scheduler's lookups too (a disk's: its probes for files the index lacks).
-        clients = [rig.worker._worker().tiers[0].client, *sched.tier_lookups]
+        # The scheduler's lookups too: a Redis tier's connection (its lookups count answers that
+        # only the next schedule() reads), a disk's probes for files its index lacks.
+        clients = [rig.worker._worker().tiers[0].client]
+        clients += [t._client if isinstance(t, RedisLookups) else t for t in sched.tier_lookups]
         return lambda: not any(c.in_flight() for c in clients)
     (tier,) = conn.connector_scheduler.manager.secondary_tiers
     if isinstance(tier, DiskTier):  # ours: its jobs and its probes

@@ -30,6 +30,13 @@ def test_a_moved_name_resolves_to_the_new_one_with_a_warning(module, old, new):
         assert getattr(importlib.import_module(module), old) is new
 
 
+def test_remote_job_is_tier_job():
+    import kvoffload.scheduler
+
+    with pytest.warns(DeprecationWarning, match="use TierJob"):
+        assert kvoffload.scheduler.RemoteJob is kvoffload.scheduler.TierJob
+
+
 def test_an_unknown_name_of_a_moved_module_is_an_attribute_error():
     with pytest.raises(AttributeError, match="has no attribute 'RedisClient'"):
         importlib.import_module("kvoffload.remote").RedisClient  # noqa: B018

@@ -8,25 +8,29 @@ import importlib
 import warnings
 from typing import Any
 
-_NAMES = (
-    "DISK_COUNTERS",
-    "DISK_GAUGES",
-    "DRAIN_TIMEOUT_S",
-    "DiskClient",
-    "DiskLookups",
-    "DiskReport",
-    "DiskTierConfig",
-    "file_bytes",
-)
+_MOVED = {
+    **{
+        name: "kvoffload.tiers.disk"
+        for name in (
+            "DISK_COUNTERS",
+            "DISK_GAUGES",
+            "DRAIN_TIMEOUT_S",
+            "DiskClient",
+            "DiskLookups",
+            "DiskReport",
+            "DiskTierConfig",
+            "file_bytes",
+        )
+    },
+    "worst": "kvoffload.tiers",
+}
+__all__ = list(_MOVED)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "worst":
-        module = "kvoffload.tiers"
-    elif name in _NAMES:
-        module = "kvoffload.tiers.disk"
-    else:
+    if name not in _MOVED:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _MOVED[name]
     warnings.warn(
         f"kvoffload.disk.{name} is deprecated: use {module}.{name}",
         DeprecationWarning,

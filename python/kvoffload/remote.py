@@ -23,6 +23,7 @@ _MOVED = {
     "Completion": ("kvoffload.tiers", "Completion"),
     **{s: ("kvoffload.tiers", s) for s in _STATUSES},
 }
+__all__ = list(_MOVED)
 
 
 def __getattr__(name: str) -> Any:

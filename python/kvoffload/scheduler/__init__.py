@@ -1,5 +1,8 @@
 """The engine-agnostic scheduler side: per-request offload state, lookups and job planning."""
 
+import warnings
+from typing import Any
+
 from kvoffload._rust import BlockSet
 from kvoffload.scheduler.config import OffloadConfig
 from kvoffload.scheduler.groups import KVGroup
@@ -35,3 +38,14 @@ __all__ = [
     "TierJob",
     "TierLink",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # `RemoteJob` was renamed `TierJob` (a job of any secondary tier): the old name until the
+    # next release.
+    if name == "RemoteJob":
+        warnings.warn(
+            "kvoffload.scheduler.RemoteJob is deprecated: use TierJob", DeprecationWarning, 2
+        )
+        return TierJob
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ def check_entry(entry: object, kind: str, keys: Iterable[str]) -> Mapping[str, A
     if not isinstance(entry, Mapping):
         raise ConfigError(f"a secondary tier entry must be a dict, got {type(entry).__name__}")
     allowed = set(keys)
-    unknown = sorted(set(entry) - allowed - VLLM_KEYS)
+    unknown = sorted(set(entry) - allowed - VLLM_KEYS, key=repr)
     if unknown:
         raise ConfigError(
             f"unknown {kind} key(s): {', '.join(map(repr, unknown))}; allowed: "

@@ -15,9 +15,34 @@ _BUILT_IN = {
 _KINDS: dict[str, TierKind] = {}
 
 
+_MEMBERS = (
+    "name",
+    "locality",
+    "report",
+    "parse",
+    "check_shards",
+    "open_lookups",
+    "open_data_path",
+    "reporter",
+)
+"""What a `TierKind` has (`report` may be None)."""
+
+
 def register(kind: TierKind) -> None:
-    """Adds a kind (or replaces the one of that name)."""
-    _KINDS[kind.name] = kind
+    """Adds a kind, named by `kind.name` (the `type` of its entries). A `TypeError` names what
+    it lacks; a `ValueError`, a name already taken."""
+    missing = [m for m in _MEMBERS if not hasattr(kind, m)]
+    if missing:
+        raise TypeError(
+            f"tier kind {kind!r} lacks {', '.join(missing)}; a TierKind has "
+            f"{', '.join(_MEMBERS)} (see kvoffload.tiers.kind)"
+        )
+    name = kind.name
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"tier kind {kind!r} has name={name!r}; allowed: a non-empty str")
+    if name in _BUILT_IN or name in _KINDS:
+        raise ValueError(f"tier kind {name!r} is registered already; allowed: a new name")
+    _KINDS[name] = kind
 
 
 def names() -> list[str]:

@@ -20,9 +20,29 @@ NAMESPACE = "tiny-llama@test"
 @pytest.fixture
 def memory_tier(monkeypatch):
     """`MemoryTier` registered for the test only (and an empty store per test)."""
-    monkeypatch.setitem(registry._KINDS, memory_kind.KIND.name, memory_kind.KIND)
+    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+    registry.register(memory_kind.KIND)
     monkeypatch.setattr(memory_kind, "TIERS", {})
     return {"type": "MemoryTier", "name": "m", "namespace": NAMESPACE}
+
+
+def test_register_refuses_a_kind_it_cannot_use(monkeypatch):
+    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+
+    class Half:
+        name, locality, report = "HalfTier", "LOCAL", None
+
+        def parse(self, entry):
+            return entry
+
+    with pytest.raises(TypeError, match=r"lacks check_shards, open_lookups, open_data_path, rep"):
+        registry.register(Half())
+    with pytest.raises(ValueError, match="'RedisTier' is registered already"):
+        registry.register(type("Twin", (memory_kind.MemoryKind,), {"name": "RedisTier"})())
+    registry.register(memory_kind.KIND)
+    with pytest.raises(ValueError, match="'MemoryTier' is registered already"):
+        registry.register(memory_kind.KIND)
+    assert registry.names() == ["RedisTier", "DiskTier", "MemoryTier"]
 
 
 def serve(rig: Rig, rid: str, tokens: list[int]) -> int:

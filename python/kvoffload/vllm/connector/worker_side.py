@@ -90,7 +90,7 @@ class WorkerSide:
         self._reporters: list[tuple[TierKind, Reporter]] = []
         """Per kind of secondary tier, the report of this worker's data paths."""
         self._down: dict[int, bool] = {}
-        """Each disk tier's breaker as last reported to the scheduler (down or not)."""
+        """Each secondary tier's breaker as last reported to the scheduler (down or not)."""
         self._promoted: dict[int, tuple[int, bytes]] = {}
         self._cascaded: dict[int, tuple[int, int, bytes]] = {}
         self.rank = 0
