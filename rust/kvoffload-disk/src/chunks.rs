@@ -1,4 +1,4 @@
-//! `DiskTier`: the file I/O of chunks: store, load and remove each one as a file of its own.
+//! `ChunkFiles`: the file I/O of chunks: store, load and remove each one as a file of its own.
 
 use crate::aligned::{is_aligned, round_up, AlignedBuf, ALIGN};
 use crate::config::{DirectIo, DiskConfig};
@@ -42,7 +42,7 @@ const DIRECT_NO: u8 = 0;
 const DIRECT_YES: u8 = 1;
 const DIRECT_UNKNOWN: u8 = 2;
 
-pub struct DiskTier {
+pub struct ChunkFiles {
     dir: PathBuf,
     ns: [u8; 16],
     layout: Layout,
@@ -58,12 +58,12 @@ pub struct DiskTier {
     stats: Counters,
 }
 
-impl DiskTier {
+impl ChunkFiles {
     /// Opens the directory of namespace `ns` under `cfg.path` (creating it where it can) and
     /// finds out whether its filesystem takes `O_DIRECT`, by reading a chunk's file where there
     /// is one. Neither needs free space nor write permission: a full or read-only filesystem
     /// opens, serves what it holds, and says so in `notes`.
-    pub fn open(cfg: DiskConfig, ns: [u8; 16]) -> Result<DiskTier> {
+    pub fn open(cfg: DiskConfig, ns: [u8; 16]) -> Result<ChunkFiles> {
         cfg.check()?;
         let dir = cfg
             .path
@@ -119,7 +119,7 @@ impl DiskTier {
                 }
             }
         };
-        Ok(DiskTier {
+        Ok(ChunkFiles {
             dir,
             ns,
             layout: Layout::whole(cfg.chunk_bytes),

@@ -22,11 +22,11 @@ mod stats;
 mod tier;
 mod upkeep;
 
-pub use chunks::{DiskTier, Loaded, Stored};
+pub use chunks::{ChunkFiles, Loaded, Stored};
 pub use config::{DirectIo, DiskConfig};
 pub use error::{DiskError, Result};
 pub use gate::Writes;
 pub use kvoffload_tier::breaker::BreakerState;
 pub use kvoffload_tier::completion::Completion;
 pub use stats::Stats;
-pub use tier::DiskJobs;
+pub use tier::Tier;

@@ -2,7 +2,7 @@
 //! loads, then stores), each open job's statuses and the completions not taken yet, and what
 //! every item's I/O reads (the chunk files, the index, the breaker, the write gate, the probes).
 
-use crate::chunks::DiskTier;
+use crate::chunks::ChunkFiles;
 use crate::gate::Gate;
 use crate::index::Index;
 use crate::probes::{ProbeKeys, Probes};
@@ -44,7 +44,7 @@ impl JobState for Queue {
 }
 
 pub(crate) struct Shared {
-    pub tier: DiskTier,
+    pub tier: ChunkFiles,
     pub capacity_files: usize,
     pub jobs: CompletionQueue<Queue>,
     pub index: Mutex<Index>,

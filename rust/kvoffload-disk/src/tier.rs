@@ -1,11 +1,11 @@
-//! `DiskJobs`: the disk tier's store and load jobs, each job's chunks spread over the tier's I/O
+//! `Tier`: the disk tier's store and load jobs, each job's chunks spread over the tier's I/O
 //! threads (so many files are read or written at once), with an index of the chunks it holds
 //! that answers lookups without I/O and holds `capacity_bytes` by evicting the least recently
 //! used. The caller only submits and polls; the index is rebuilt from the directory on a thread
 //! of its own at open, which then takes in, every `rescan`, what other engines sharing the
 //! directory wrote.
 
-use crate::chunks::DiskTier;
+use crate::chunks::ChunkFiles;
 use crate::config::DiskConfig;
 use crate::error::{DiskError, Result};
 use crate::files;
@@ -26,12 +26,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub struct DiskJobs {
+pub struct Tier {
     sh: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-impl DiskJobs {
+impl Tier {
     /// Opens the tier with `threads` I/O threads and room for `capacity_bytes` of files.
     pub fn open(
         cfg: DiskConfig,
@@ -62,7 +62,7 @@ impl DiskJobs {
         let failed_hold = rescan
             .unwrap_or(Duration::from_secs(10))
             .max(cfg.probe_miss_ttl);
-        let tier = DiskTier::open(cfg, ns)?;
+        let tier = ChunkFiles::open(cfg, ns)?;
         let gate = Gate::new(tier.dir().to_path_buf(), per_file, read_only);
         let sh = Arc::new(Shared {
             tier,
@@ -94,7 +94,7 @@ impl DiskJobs {
             failed_hold,
             probes_per_step,
         });
-        let jobs = DiskJobs {
+        let jobs = Tier {
             sh: sh.clone(),
             threads: Mutex::new(Vec::with_capacity(threads + 1)),
         };
@@ -118,7 +118,7 @@ impl DiskJobs {
         Ok(jobs)
     }
 
-    pub fn tier(&self) -> &DiskTier {
+    pub fn files(&self) -> &ChunkFiles {
         &self.sh.tier
     }
 
@@ -383,7 +383,7 @@ impl DiskJobs {
     }
 }
 
-impl Drop for DiskJobs {
+impl Drop for Tier {
     fn drop(&mut self) {
         self.close();
     }

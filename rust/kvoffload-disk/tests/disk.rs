@@ -5,7 +5,7 @@ mod common;
 
 use common::mount::Mount;
 use common::TempDir;
-use kvoffload_disk::{DirectIo, DiskConfig, DiskTier, Loaded, Stored};
+use kvoffload_disk::{ChunkFiles, DirectIo, DiskConfig, Loaded, Stored};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,19 +24,19 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn tier(dir: &Path, chunk: usize, direct: DirectIo) -> DiskTier {
+fn tier(dir: &Path, chunk: usize, direct: DirectIo) -> ChunkFiles {
     let mut cfg = DiskConfig::new(dir, chunk);
     cfg.direct = direct;
-    DiskTier::open(cfg, NS).unwrap()
+    ChunkFiles::open(cfg, NS).unwrap()
 }
 
-fn load(t: &DiskTier, key: &[u8], chunk: usize) -> (Loaded, Vec<u8>) {
+fn load(t: &ChunkFiles, key: &[u8], chunk: usize) -> (Loaded, Vec<u8>) {
     let mut buf = vec![0u8; chunk];
     let got = t.load(key, &mut buf);
     (got, buf)
 }
 
-fn file_of(t: &DiskTier, key: &[u8]) -> PathBuf {
+fn file_of(t: &ChunkFiles, key: &[u8]) -> PathBuf {
     let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
     let mut found = None;
     for sub in fs::read_dir(t.dir()).unwrap().flatten() {
@@ -116,7 +116,7 @@ fn damage_of_every_kind_is_never_served_and_is_removed() {
     let other_ns = {
         let mut cfg = DiskConfig::new(&d.0, chunk);
         cfg.direct = DirectIo::Auto;
-        DiskTier::open(cfg, *b"another-namespac").unwrap()
+        ChunkFiles::open(cfg, *b"another-namespac").unwrap()
     };
     type Damage = fn(&Path, &Path);
     let cases: [(&str, Damage); 7] = [
@@ -308,14 +308,16 @@ fn scan_finds_every_chunk_and_leaves_other_files_alone() {
     // Another namespace's directory beside it is not this tier's.
     let mut cfg = DiskConfig::new(&d.0, 4096);
     cfg.direct = DirectIo::Off;
-    let other = DiskTier::open(cfg, *b"another-namespac").unwrap();
+    let other = ChunkFiles::open(cfg, *b"another-namespac").unwrap();
     assert!(other.scan().unwrap().0.is_empty());
 }
 
 #[test]
 fn bad_settings_and_inputs_are_refused_naming_them() {
     let d = TempDir::new("bad");
-    let err = DiskTier::open(DiskConfig::new(&d.0, 0), NS).err().unwrap();
+    let err = ChunkFiles::open(DiskConfig::new(&d.0, 0), NS)
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("chunk_bytes=0"), "{err}");
     let t = tier(&d.0, 4096, DirectIo::Auto);
     let Stored::Failed(e) = t.store(&[1; 200], &[0; 4096]) else {
@@ -330,7 +332,7 @@ fn bad_settings_and_inputs_are_refused_naming_them() {
     // A path that cannot be a directory (a file is there).
     let file = d.0.join("a-file");
     fs::write(&file, b"x").unwrap();
-    let err = DiskTier::open(DiskConfig::new(&file, 4096), NS)
+    let err = ChunkFiles::open(DiskConfig::new(&file, 4096), NS)
         .err()
         .unwrap();
     assert!(err.to_string().contains("path="), "{err}");

@@ -1,17 +1,17 @@
-//! `DiskJobs` on the real filesystem: jobs spread over threads, the index and its capacity, and
+//! `Tier` on the real filesystem: jobs spread over threads, the index and its capacity, and
 //! a restart that rebuilds the index from the directory.
 
 mod common;
 
 use common::jobs::{data, key, load, open, open_with, store, wait, CHUNK, FILE, NS};
 use common::TempDir;
-use kvoffload_disk::{BreakerState, DiskConfig, DiskJobs};
+use kvoffload_disk::{BreakerState, DiskConfig, Tier};
 use kvoffload_tier::buf::{RawBuf, RawBufMut};
 use kvoffload_tier::status::{DROPPED, EXISTS, FAILED, MISSING, OK};
 use std::time::{Duration, Instant};
 
-fn files_on_disk(jobs: &DiskJobs) -> usize {
-    jobs.tier().scan().unwrap().0.len()
+fn files_on_disk(jobs: &Tier) -> usize {
+    jobs.files().scan().unwrap().0.len()
 }
 
 #[test]
@@ -80,10 +80,10 @@ fn a_restarted_tier_serves_what_the_last_one_stored_oldest_evicted_first() {
 #[test]
 fn bad_jobs_and_settings_are_refused_naming_them() {
     let d = TempDir::new("bad");
-    let err = |r: Result<DiskJobs, kvoffload_disk::DiskError>| r.err().unwrap().to_string();
+    let err = |r: Result<Tier, kvoffload_disk::DiskError>| r.err().unwrap().to_string();
     let cfg = || DiskConfig::new(&d.0, CHUNK);
-    assert!(err(DiskJobs::open(cfg(), NS, FILE, 0)).contains("io_threads=0"));
-    assert!(err(DiskJobs::open(cfg(), NS, FILE - 1, 2)).contains("capacity_bytes="));
+    assert!(err(Tier::open(cfg(), NS, FILE, 0)).contains("io_threads=0"));
+    assert!(err(Tier::open(cfg(), NS, FILE - 1, 2)).contains("capacity_bytes="));
     let jobs = open(&d, 10, 2);
     let short = [0u8; 10];
     // SAFETY: refused before any I/O.
@@ -168,7 +168,7 @@ fn stores_past_max_store_bytes_in_flight_are_dropped_whole_never_queued() {
     let mut cfg = DiskConfig::new(&d.0, CHUNK);
     cfg.rescan = None;
     cfg.max_store_bytes_in_flight = 2 * CHUNK as u64;
-    let jobs = DiskJobs::open(cfg, NS, 100 * FILE, 1).unwrap();
+    let jobs = Tier::open(cfg, NS, 100 * FILE, 1).unwrap();
     // Three chunks cannot fit two chunks' worth: dropped at once, nothing written.
     assert_eq!(store(&jobs, &[0, 1, 2]), vec![DROPPED; 3]);
     assert_eq!(jobs.stores_dropped(), 3);
@@ -221,10 +221,10 @@ fn a_failing_disk_trips_the_breaker_and_a_probe_brings_it_back() {
     let mut cfg = DiskConfig::new(&d.0, CHUNK);
     cfg.rescan = None;
     cfg.breaker_cooldown = Duration::from_millis(300);
-    let jobs = DiskJobs::open(cfg, NS, 100 * FILE, 1).unwrap(); // one thread: items in order
+    let jobs = Tier::open(cfg, NS, 100 * FILE, 1).unwrap(); // one thread: items in order
     assert_eq!(store(&jobs, &[0]), vec![OK]);
     // The tier's directory becomes a file: every write fails (ENOTDIR), a real I/O error.
-    let dir = jobs.tier().dir().to_path_buf();
+    let dir = jobs.files().dir().to_path_buf();
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::write(&dir, b"not a directory").unwrap();
     assert_eq!(store(&jobs, &[1, 2, 3]), vec![FAILED; 3]);
@@ -233,7 +233,7 @@ fn a_failing_disk_trips_the_breaker_and_a_probe_brings_it_back() {
     // Down: every item fails at once, with no I/O, and lookups miss.
     assert_eq!(store(&jobs, &[4, 5]), vec![FAILED; 2]);
     assert_eq!(load(&jobs, &[0]).0, vec![FAILED]);
-    assert_eq!(jobs.tier().stats().store_failures, 3);
+    assert_eq!(jobs.files().stats().store_failures, 3);
     assert_eq!(jobs.denied(), 3);
     assert_eq!(jobs.lookup_prefix(&[&key(0)]), 0);
     // The disk is back: after the cool-down one item probes it, and the tier is up again.
@@ -263,7 +263,7 @@ fn a_handle_that_does_not_evict_files_forgets_chunks_past_its_capacity() {
     let mut cfg = DiskConfig::new(&d.0, CHUNK);
     cfg.rescan = None;
     cfg.evict_files = false;
-    let lookups = DiskJobs::open(cfg, NS, 2 * FILE, 1).unwrap();
+    let lookups = Tier::open(cfg, NS, 2 * FILE, 1).unwrap();
     let until = Instant::now() + Duration::from_secs(10);
     while !lookups.scanned() {
         assert!(Instant::now() < until, "the index was never rebuilt");

@@ -7,7 +7,7 @@ mod common;
 use common::jobs::{data, key, load, open_cfg, store, wait, CHUNK, FILE, NS};
 use common::mount::Mount;
 use common::TempDir;
-use kvoffload_disk::{BreakerState, DiskConfig, DiskJobs, Writes};
+use kvoffload_disk::{BreakerState, DiskConfig, Tier, Writes};
 use kvoffload_tier::buf::RawBuf;
 use kvoffload_tier::status::{DROPPED, FAILED, OK};
 use std::fs;
@@ -24,7 +24,7 @@ fn refs(keys: &[Vec<u8>]) -> Vec<&[u8]> {
 }
 
 /// Sends this step's probes and waits until they have been answered.
-fn end_step(jobs: &DiskJobs) {
+fn end_step(jobs: &Tier) {
     jobs.flush();
     let until = Instant::now() + Duration::from_secs(10);
     while jobs.probes_in_flight() > 0 {
@@ -50,7 +50,7 @@ fn a_running_engine_finds_what_another_just_wrote_at_its_next_lookup() {
     assert_eq!(two.lookup(&refs(&prompt), "r1"), (0, true)); // asked again in the same step
     end_step(&two);
     assert_eq!(two.lookup(&refs(&prompt), "r1"), (5, false));
-    let s = two.tier().stats();
+    let s = two.files().stats();
     // Five files found, the sixth absent: the seventh is never looked for.
     assert_eq!((s.probed, s.probe_hits), (6, 5));
     let (st, bufs) = load(&two, &[0, 1, 2, 3, 4]);
@@ -59,7 +59,7 @@ fn a_running_engine_finds_what_another_just_wrote_at_its_next_lookup() {
     // The absent chunk is a miss without looking again, for another request too.
     assert_eq!(two.lookup(&refs(&prompt), "r2"), (5, false));
     end_step(&two);
-    assert_eq!(two.tier().stats().probed, 6);
+    assert_eq!(two.files().stats().probed, 6);
     // Engine 1 writes it now: once the short negative cache (1 s) has passed, it is found.
     assert_eq!(store(&one, &[5]), vec![OK]);
     std::thread::sleep(Duration::from_millis(1000));
@@ -79,12 +79,12 @@ fn probes_are_bounded_per_step_and_a_prompt_nobody_shares_costs_one_file_once() 
     assert_eq!(waiting, 64); // probes_per_step: the rest answered by the index alone
     end_step(&jobs);
     // One file looked for per prompt: its first chunk's, absent.
-    assert_eq!(jobs.tier().stats().probed, 64);
+    assert_eq!(jobs.files().stats().probed, 64);
     // The 64 are misses now without another look; the next step probes the next 64.
     assert!((0..64).all(|p| ask(p) == (0, false)));
     assert_eq!((64..500).filter(|&p| ask(p).1).count(), 64);
     end_step(&jobs);
-    assert_eq!(jobs.tier().stats().probed, 128);
+    assert_eq!(jobs.files().stats().probed, 128);
 }
 
 #[test]
@@ -129,7 +129,11 @@ fn an_engine_starts_on_a_full_filesystem_serves_it_and_writes_again_once_there_i
     // A restart on the full filesystem opens (the O_DIRECT probe reads a chunk's file) and
     // serves every chunk on it.
     let jobs = open_cfg(defaults(&tier), 100, 2);
-    assert!(jobs.tier().notes().is_empty(), "{:?}", jobs.tier().notes());
+    assert!(
+        jobs.files().notes().is_empty(),
+        "{:?}",
+        jobs.files().notes()
+    );
     assert_eq!(jobs.lookup(&refs(&keys(0..4)), "r"), (4, false));
     let (st, bufs) = load(&jobs, &[0, 1, 2, 3]);
     assert_eq!(st, vec![OK; 4]);
@@ -139,7 +143,7 @@ fn an_engine_starts_on_a_full_filesystem_serves_it_and_writes_again_once_there_i
     assert_eq!(store(&jobs, &[10]), vec![FAILED]);
     assert_eq!(jobs.writes(), Writes::Full);
     assert_eq!(store(&jobs, &[11, 12]), vec![DROPPED; 2]);
-    let s = jobs.tier().stats();
+    let s = jobs.files().stats();
     assert_eq!((s.stores_full, s.store_failures), (3, 1));
     assert_eq!(jobs.state(), BreakerState::Up);
     assert_eq!(load(&jobs, &[0]).0, vec![OK]);
@@ -170,7 +174,7 @@ fn a_filesystem_out_of_inodes_drops_stores_without_trying_them() {
     for i in 100..103 {
         assert_eq!(store(&jobs, &[i]), vec![DROPPED]);
     }
-    let s = jobs.tier().stats();
+    let s = jobs.files().stats();
     assert_eq!((s.store_failures, s.stores_full), (1, 4));
     assert_eq!(s.stored_chunks, u64::from(first_full));
 }
@@ -184,24 +188,24 @@ fn an_empty_directory_on_a_full_filesystem_opens_and_learns_o_direct_at_its_firs
     let filler = fill(&d.0);
     let jobs = open_cfg(defaults(&d.0.join("tier")), 100, 1);
     // Nothing to read, no room to write a probe: buffered until a file says, and said once.
-    assert!(!jobs.tier().direct());
-    let notes = jobs.tier().notes().join("; ");
+    assert!(!jobs.files().direct());
+    let notes = jobs.files().notes().join("; ");
     assert!(notes.contains("O_DIRECT is not known yet"), "{notes}");
     fs::remove_file(&filler).unwrap();
     assert_eq!(store(&jobs, &[1]), vec![OK]);
     // What a tier opened now, with room for its probe, finds out about this filesystem.
-    let fs_takes_it = DiskJobs::open(defaults(&d.0.join("probe")), NS, FILE, 1)
+    let fs_takes_it = Tier::open(defaults(&d.0.join("probe")), NS, FILE, 1)
         .unwrap()
-        .tier()
+        .files()
         .direct();
-    assert_eq!(jobs.tier().direct(), fs_takes_it);
+    assert_eq!(jobs.files().direct(), fs_takes_it);
     assert_eq!(load(&jobs, &[1]).1[0], data(1));
 }
 
 /// A cache a writer filled with `ids`, mounted read-only beside it (fields drop in order: the
 /// writer, then the mount, then the directory).
 struct ReadOnlyCache {
-    writer: DiskJobs,
+    writer: Tier,
     ro: std::path::PathBuf,
     _mount: Mount,
     dir: TempDir,
@@ -238,7 +242,7 @@ fn a_read_only_mount_serves_reads_and_never_tries_writes_in_a_loop() {
     for i in 6..16 {
         assert_eq!(store(&jobs, &[i]), vec![DROPPED]);
     }
-    let s = jobs.tier().stats();
+    let s = jobs.files().stats();
     assert_eq!((s.store_failures, s.stores_read_only), (1, 11));
     assert_eq!(jobs.state(), BreakerState::Up);
     // A chunk another engine writes through a writable path is found by a probe.
@@ -257,7 +261,7 @@ fn read_only_says_so_up_front_and_an_unwritable_empty_mount_opens() {
     let mut cfg = defaults(&cache.ro);
     cfg.read_only = true;
     let jobs = open_cfg(cfg, 100, 1);
-    assert!(jobs.tier().notes().is_empty());
+    assert!(jobs.files().notes().is_empty());
     assert_eq!(jobs.writes(), Writes::ReadOnly);
     // Dropped at submit: not one write tried.
     let buf = data(1);
@@ -265,7 +269,7 @@ fn read_only_says_so_up_front_and_an_unwritable_empty_mount_opens() {
     let item = (key(1), unsafe { RawBuf::new(buf.as_ptr(), buf.len()) });
     let id = jobs.submit_store(vec![item]).unwrap();
     assert_eq!(wait(&jobs, id), vec![DROPPED]);
-    let s = jobs.tier().stats();
+    let s = jobs.files().stats();
     assert_eq!((s.store_failures, s.stores_read_only), (0, 1));
     assert_eq!(load(&jobs, &[0]).1[0], data(0));
     // A read-only mount whose namespace directory was never made: it opens, empty.
@@ -277,7 +281,7 @@ fn read_only_says_so_up_front_and_an_unwritable_empty_mount_opens() {
         return;
     };
     let jobs = open_cfg(defaults(&empty_ro), 100, 1);
-    assert!(jobs.tier().notes()[0].contains("cannot create"));
+    assert!(jobs.files().notes()[0].contains("cannot create"));
     assert_eq!(jobs.lookup(&refs(&keys([0])), "r"), (0, true));
     end_step(&jobs);
     assert_eq!(jobs.lookup(&refs(&keys([0])), "r"), (0, false));

@@ -9,18 +9,18 @@ mod common;
 use common::files::{config, mode, tree};
 use common::jobs::{data, key, load, open_cfg, store, FILE, NS};
 use common::TempDir;
-use kvoffload_disk::{DiskError, DiskJobs};
+use kvoffload_disk::{DiskError, Tier};
 use kvoffload_tier::status::{MISSING, OK};
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Copies chunk `i`'s file (a whole, valid one) out of `jobs`'s directory to `to`.
-fn copy_of(jobs: &DiskJobs, i: u32, to: &Path) -> PathBuf {
-    let (keys, _) = jobs.tier().scan().unwrap();
+fn copy_of(jobs: &Tier, i: u32, to: &Path) -> PathBuf {
+    let (keys, _) = jobs.files().scan().unwrap();
     assert!(keys.iter().any(|(k, _)| *k == key(i)));
     let name = kvoffload_hex(&key(i));
-    let src = tree(jobs.tier().dir())
+    let src = tree(jobs.files().dir())
         .into_iter()
         .find(|p| p.file_name().is_some_and(|n| n == name.as_str()))
         .unwrap();
@@ -45,10 +45,10 @@ fn a_symlink_planted_in_the_directory_is_never_followed() {
     let jobs = open_cfg(config(&d.0.join("tier"), 0o600), 100, 1);
     assert_eq!(store(&jobs, &[2]), vec![OK]);
     // Chunk 1's name in its subdirectory, as a symlink to the valid file elsewhere.
-    let (keys, _) = other.tier().scan().unwrap();
+    let (keys, _) = other.files().scan().unwrap();
     assert_eq!(keys.len(), 2);
-    let ours = jobs.tier().dir().to_path_buf();
-    let planted = tree(other.tier().dir())
+    let ours = jobs.files().dir().to_path_buf();
+    let planted = tree(other.files().dir())
         .into_iter()
         .find(|p| {
             p.file_name()
@@ -69,14 +69,14 @@ fn a_symlink_planted_in_the_directory_is_never_followed() {
     }
     assert_eq!(jobs.lookup(&[&key(1)[..]], "r"), (0, false));
     assert!(jobs
-        .tier()
+        .files()
         .scan()
         .unwrap()
         .0
         .iter()
         .all(|(k, _)| *k != key(1)));
     assert_eq!(fs::read(&target).unwrap(), before);
-    assert!(jobs.tier().stats().symlinks >= 2);
+    assert!(jobs.files().stats().symlinks >= 2);
     // A subdirectory that is a symlink: nothing is written into it, nor read from it.
     let fan2 = ours.join(
         tree(&ours)
@@ -92,14 +92,14 @@ fn a_symlink_planted_in_the_directory_is_never_followed() {
             .unwrap(),
     );
     fs::remove_dir_all(&fan2).unwrap();
-    symlink(other.tier().dir().join(fan2.file_name().unwrap()), &fan2).unwrap();
+    symlink(other.files().dir().join(fan2.file_name().unwrap()), &fan2).unwrap();
     assert_eq!(load(&jobs, &[2]).0, vec![MISSING]);
-    let other_files = tree(other.tier().dir()).len();
+    let other_files = tree(other.files().dir()).len();
     assert_ne!(store(&jobs, &[2]), vec![OK]);
     assert_eq!(jobs.state(), kvoffload_disk::BreakerState::Up); // a miss, not a failing disk
                                                                 // Nor removed through it (an eviction).
-    assert!(!jobs.tier().remove(&key(2)).unwrap());
-    assert_eq!(tree(other.tier().dir()).len(), other_files);
+    assert!(!jobs.files().remove(&key(2)).unwrap());
+    assert_eq!(tree(other.files().dir()).len(), other_files);
     assert_eq!(load(&other, &[2]).1[0], data(2)); // the other tier's file is untouched
 }
 
@@ -109,7 +109,7 @@ fn a_cache_left_more_open_is_given_the_tiers_modes_and_a_shared_groups_setgid_is
     let path = d.0.join("cache");
     let jobs = open_cfg(config(&path, 0o600), 100, 1);
     assert_eq!(store(&jobs, &[0]), vec![OK]);
-    let dir = jobs.tier().dir().to_path_buf();
+    let dir = jobs.files().dir().to_path_buf();
     jobs.close();
     // As an older version (or another umask) left it: a file 0644, its subdirectory 0777.
     let file = tree(&dir).into_iter().find(|p| p.is_file()).unwrap();
@@ -126,7 +126,7 @@ fn a_cache_left_more_open_is_given_the_tiers_modes_and_a_shared_groups_setgid_is
     let jobs = open_cfg(config(&shared, 0o660), 100, 1);
     assert_eq!(store(&jobs, &[1]), vec![OK]);
     use std::os::unix::fs::MetadataExt;
-    for p in tree(jobs.tier().dir()) {
+    for p in tree(jobs.files().dir()) {
         let want = if p.is_dir() { 0o2770 } else { 0o660 };
         assert_eq!(
             (mode(&p), fs::metadata(&p).unwrap().gid()),
@@ -139,7 +139,7 @@ fn a_cache_left_more_open_is_given_the_tiers_modes_and_a_shared_groups_setgid_is
 #[test]
 fn a_directory_other_users_may_write_is_refused_with_one_clear_line() {
     let d = TempDir::new("open-to");
-    let refused = |path: &Path, file_mode: u32| match DiskJobs::open(
+    let refused = |path: &Path, file_mode: u32| match Tier::open(
         config(path, file_mode),
         NS,
         100 * FILE,
@@ -160,11 +160,11 @@ fn a_directory_other_users_may_write_is_refused_with_one_clear_line() {
     let m = refused(&group, 0o600);
     assert!(m.contains("writable by its group (mode 0770)") && m.contains("file_mode 0660"));
     // Shared with the group on purpose: taken.
-    assert!(DiskJobs::open(config(&group, 0o660), NS, 100 * FILE, 1).is_ok());
+    assert!(Tier::open(config(&group, 0o660), NS, 100 * FILE, 1).is_ok());
     // The namespace's directory replaced by a symlink: refused.
     let linked = d.0.join("linked");
     let jobs = open_cfg(config(&linked, 0o600), 100, 1);
-    let ns_dir = jobs.tier().dir().to_path_buf();
+    let ns_dir = jobs.files().dir().to_path_buf();
     jobs.close();
     drop(jobs);
     fs::remove_dir_all(&ns_dir).unwrap();
@@ -182,7 +182,7 @@ fn a_directory_other_users_may_write_is_refused_with_one_clear_line() {
     if let Some(_mount) = common::mount::Mount::read_only(&world, &ro) {
         let mut cfg = config(&ro, 0o600);
         cfg.read_only = true;
-        assert!(DiskJobs::open(cfg, NS, 100 * FILE, 1).is_ok());
+        assert!(Tier::open(cfg, NS, 100 * FILE, 1).is_ok());
     }
     // A mode that would give other users the files: refused before anything is made.
     let m = refused(&d.0.join("bad-mode"), 0o644);

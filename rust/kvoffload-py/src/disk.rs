@@ -4,7 +4,7 @@
 use crate::keys::KeyArg;
 use crate::lent::Loan;
 use crate::tier_glue::{Lending, TierHandle};
-use kvoffload_disk::{BreakerState, Completion, DirectIo, DiskConfig, DiskError, DiskJobs};
+use kvoffload_disk::{BreakerState, Completion, DirectIo, DiskConfig, DiskError, Tier as Jobs};
 use kvoffload_tier::buf::{RawBuf, RawBufMut};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
@@ -19,29 +19,29 @@ fn to_py(err: DiskError) -> PyErr {
     }
 }
 
-impl TierHandle for DiskJobs {
+impl TierHandle for Jobs {
     type Error = DiskError;
 
     fn chunk_bytes(&self) -> usize {
-        self.tier().chunk_bytes()
+        self.files().chunk_bytes()
     }
     fn submit_store(&self, items: Vec<(Vec<u8>, RawBuf)>) -> Result<u64, DiskError> {
-        DiskJobs::submit_store(self, items)
+        Jobs::submit_store(self, items)
     }
     fn submit_load(&self, items: Vec<(Vec<u8>, RawBufMut)>) -> Result<u64, DiskError> {
-        DiskJobs::submit_load(self, items)
+        Jobs::submit_load(self, items)
     }
     fn poll(&self) -> Vec<Completion> {
-        DiskJobs::poll(self)
+        Jobs::poll(self)
     }
     fn wait(&self, timeout: Duration) -> Vec<Completion> {
-        DiskJobs::wait(self, timeout)
+        Jobs::wait(self, timeout)
     }
     fn drain(&self, timeout: Duration) -> Vec<Completion> {
-        DiskJobs::drain(self, timeout)
+        Jobs::drain(self, timeout)
     }
     fn close(&self) {
-        DiskJobs::close(self)
+        Jobs::close(self)
     }
     fn to_py(err: DiskError) -> PyErr {
         to_py(err)
@@ -50,11 +50,11 @@ impl TierHandle for DiskJobs {
 
 #[pyclass(frozen, module = "kvoffload._rust")]
 pub struct DiskTier {
-    io: Lending<DiskJobs>,
+    io: Lending<Jobs>,
 }
 
 impl DiskTier {
-    fn jobs(&self) -> &DiskJobs {
+    fn jobs(&self) -> &Jobs {
         &self.io.handle
     }
 }
@@ -137,7 +137,7 @@ impl DiskTier {
         cfg.probe_miss_ttl = Duration::from_secs_f64(probe_miss_ttl_s);
         cfg.file_mode = file_mode;
         let jobs = py
-            .detach(|| DiskJobs::open(cfg, ns, capacity_bytes, io_threads))
+            .detach(|| Jobs::open(cfg, ns, capacity_bytes, io_threads))
             .map_err(to_py)?;
         Ok(DiskTier {
             io: Lending::new(jobs),
@@ -146,13 +146,13 @@ impl DiskTier {
 
     #[getter]
     fn chunk_bytes(&self) -> usize {
-        self.jobs().tier().chunk_bytes()
+        self.jobs().files().chunk_bytes()
     }
 
     /// Whether reads and writes bypass the page cache (`O_DIRECT`).
     #[getter]
     fn direct(&self) -> bool {
-        self.jobs().tier().direct()
+        self.jobs().files().direct()
     }
 
     /// Whether the index has taken in what the directory held at open.
@@ -214,7 +214,7 @@ impl DiskTier {
     /// What open found worth saying once (a directory it could not create, O_DIRECT unknown).
     #[getter]
     fn notes(&self) -> Vec<String> {
-        self.jobs().tier().notes().to_vec()
+        self.jobs().files().notes().to_vec()
     }
 
     /// Takes `keys` into the index as just used, without I/O (written through another handle).
@@ -274,7 +274,7 @@ impl DiskTier {
 
     /// The tier's counters, and `chunks` (what its index holds) and `evicted`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.jobs().tier().stats();
+        let s = self.jobs().files().stats();
         let (chunks, evicted) = self.jobs().counts();
         let d = PyDict::new(py);
         for (name, v) in [

@@ -315,7 +315,7 @@ impl RemoteTier {
     }
 }
 
-/// The shared tier's existence verdicts (`LookupTable`) over a `RemoteTier` of their own: it
+/// A Redis tier's existence verdicts (`LookupTable`) over a `RemoteTier` of their own: it
 /// takes every completion that tier has. Answers that arrived are applied at the first lookup
 /// after a flush and at the next flush.
 #[pyclass(frozen, module = "kvoffload._rust")]

@@ -1,4 +1,4 @@
-//! `LookupTable`: the shared tier's existence verdicts, one per key, shared by every request that
+//! `LookupTable`: a Redis tier's existence verdicts, one per key, shared by every request that
 //! asks for it (the contract of vLLM's `AsyncLookupManager`). A scheduler step asks about
 //! thousands of keys; keeping the table here makes that one call per request, not one per key.
 //!

@@ -24,8 +24,10 @@ struct TlsServer {
 fn certs() -> &'static Path {
     static CERTS: OnceLock<PathBuf> = OnceLock::new();
     CERTS.get_or_init(|| {
-        // Under target/ (cargo clean removes it), made afresh by each run.
-        let certs = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kvo-certs");
+        // Under target/ (cargo clean removes it), one folder per run: a run never changes
+        // the files under another's servers.
+        let certs = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("kvo-certs-{}", std::process::id()));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/tls/make_certs.sh");
         let ok = Command::new("bash")
             .arg(&script)

@@ -1,7 +1,7 @@
-//! `DiskJobs` helpers: chunks of a known pattern, stored and loaded through jobs, waited for.
+//! `Tier` helpers: chunks of a known pattern, stored and loaded through jobs, waited for.
 
 use super::TempDir;
-use kvoffload_disk::{DiskConfig, DiskJobs};
+use kvoffload_disk::{DiskConfig, Tier};
 use kvoffload_tier::buf::{RawBuf, RawBufMut};
 use std::time::{Duration, Instant};
 
@@ -22,19 +22,19 @@ pub fn data(i: u32) -> Vec<u8> {
         .collect()
 }
 
-pub fn open(dir: &TempDir, chunks: u64, threads: usize) -> DiskJobs {
+pub fn open(dir: &TempDir, chunks: u64, threads: usize) -> Tier {
     open_with(dir, chunks, threads, None)
 }
 
-pub fn open_with(dir: &TempDir, chunks: u64, threads: usize, rescan: Option<Duration>) -> DiskJobs {
+pub fn open_with(dir: &TempDir, chunks: u64, threads: usize, rescan: Option<Duration>) -> Tier {
     let mut cfg = DiskConfig::new(&dir.0, CHUNK);
     cfg.rescan = rescan;
     open_cfg(cfg, chunks, threads)
 }
 
 /// Opens the tier and waits until its start-up scan has indexed the directory.
-pub fn open_cfg(cfg: DiskConfig, chunks: u64, threads: usize) -> DiskJobs {
-    let jobs = DiskJobs::open(cfg, NS, chunks * FILE, threads).unwrap();
+pub fn open_cfg(cfg: DiskConfig, chunks: u64, threads: usize) -> Tier {
+    let jobs = Tier::open(cfg, NS, chunks * FILE, threads).unwrap();
     let until = Instant::now() + Duration::from_secs(10);
     while !jobs.scanned() {
         assert!(Instant::now() < until, "the index was never rebuilt");
@@ -43,7 +43,7 @@ pub fn open_cfg(cfg: DiskConfig, chunks: u64, threads: usize) -> DiskJobs {
     jobs
 }
 
-pub fn wait(jobs: &DiskJobs, id: u64) -> Vec<u8> {
+pub fn wait(jobs: &Tier, id: u64) -> Vec<u8> {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
         for c in jobs.wait(Duration::from_millis(100)) {
@@ -55,7 +55,7 @@ pub fn wait(jobs: &DiskJobs, id: u64) -> Vec<u8> {
     }
 }
 
-pub fn store(jobs: &DiskJobs, ids: &[u32]) -> Vec<u8> {
+pub fn store(jobs: &Tier, ids: &[u32]) -> Vec<u8> {
     let bufs: Vec<Vec<u8>> = ids.iter().map(|&i| data(i)).collect();
     // SAFETY: `bufs` outlives the job (waited for below).
     let items = ids
@@ -67,7 +67,7 @@ pub fn store(jobs: &DiskJobs, ids: &[u32]) -> Vec<u8> {
     wait(jobs, id)
 }
 
-pub fn load(jobs: &DiskJobs, ids: &[u32]) -> (Vec<u8>, Vec<Vec<u8>>) {
+pub fn load(jobs: &Tier, ids: &[u32]) -> (Vec<u8>, Vec<Vec<u8>>) {
     let mut bufs: Vec<Vec<u8>> = ids.iter().map(|_| vec![0u8; CHUNK]).collect();
     // SAFETY: as above; each buffer is its own allocation.
     let items = ids
