@@ -400,3 +400,5 @@ def test_renamed_metrics_are_exported_under_both_names():
     for prefix in ("redis_node", "remote_node"):
         assert f'vllm:kvoffload_{prefix}_bytes_read_total{{engine="0",node="h:1"}} 5.0' in text
         assert f'vllm:kvoffload_{prefix}_resting{{engine="0",node="h:1"}} 1.0' in text
+        # A node's series show from its first report, those still at 0 too.
+        assert f'vllm:kvoffload_{prefix}_failures_total{{engine="0",node="h:1"}} 0.0' in text

@@ -195,10 +195,12 @@ class KVOffloadPromMetrics(KVConnectorPromMetrics):
                 labels = [*self._labelvalues[engine_idx], where]
                 for name, value in values.items():
                     for metric in metrics[name]:
+                        # Bound even at 0: the series shows from the first report.
+                        child = metric.labels(*labels)
                         if name in gauges:
-                            metric.labels(*labels).set(value)
+                            child.set(value)
                         elif value:
-                            metric.labels(*labels).inc(value)
+                            child.inc(value)
         for name, value in transfer_stats_data.items():
             gauge = self._gauges.get(name)
             if gauge is not None:
