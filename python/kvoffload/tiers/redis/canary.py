@@ -25,10 +25,6 @@ class SeedCanary:
         self._log = log
         self._thread: threading.Thread | None = None
 
-    @property
-    def started(self) -> bool:
-        return self._thread is not None
-
     def start(self, none_hash: bytes) -> None:
         if self._thread is None:
             self._thread = threading.Thread(

@@ -25,8 +25,7 @@ class SchedulerRedisLookups(RedisLookups):
         self._nodes = NodeReport(client)
 
     def start(self, none_hash: bytes) -> None:
-        if not self._canary.started:
-            self._canary.start(none_hash)
+        self._canary.start(none_hash)
 
     def note_workers_down(self, down: bool) -> None:
         """Nothing to note: the lookup connection has a breaker of its own."""

@@ -51,7 +51,8 @@ class DiskTier(ChunkTier):
 
     def _open(self) -> None:
         config = self.config
-        self._client = DiskClient(config, self._digest, self.block_size_bytes)
+        # vLLM's CPU region holds every worker's part of a chunk: one shard.
+        self._client = self.kind.open_data_path(config, self._digest, self.block_size_bytes, 1)
         self._report = DiskReport(self._client)
         logger.info(
             "DiskTier %s: %d bytes, %s I/O, %d I/O threads%s",
