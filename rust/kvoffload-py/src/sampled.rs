@@ -33,6 +33,10 @@ impl SampledLru {
         KeyArg::extract(keys)?.run(py, |k| Ok(self.lock()?.lookup_prefix(k, now)))
     }
 
+    fn peek_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, now: f64) -> PyResult<usize> {
+        KeyArg::extract(keys)?.run(py, |k| Ok(self.lock()?.peek_prefix(k, now)))
+    }
+
     fn put(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, ready_at: f64) -> PyResult<usize> {
         KeyArg::extract(keys)?.run(py, |k| Ok(self.lock()?.put(k, ready_at)))
     }

@@ -72,6 +72,14 @@ impl SampledLru {
         keys.len()
     }
 
+    /// How many leading `keys` are readable at `now`, none of them used: what a router that
+    /// indexes the tier (from its events) sees, which must not keep a key longer.
+    pub fn peek_prefix(&self, keys: &[&[u8]], now: f64) -> usize {
+        let readable =
+            |key: &&[u8]| matches!(self.index.get(*key), Some(&slot) if self.ready_at[slot] <= now);
+        keys.iter().take_while(|k| readable(k)).count()
+    }
+
     /// Writes `keys`, readable from `ready_at`; returns how many keys were evicted for them. A
     /// key written again is used again and stays readable from the earlier of its two times.
     pub fn put(&mut self, keys: &[&[u8]], ready_at: f64) -> usize {
@@ -172,6 +180,21 @@ mod tests {
         assert_eq!(t.lookup_prefix(&refs(&ks), 3.0), 4);
         let gap = [ks[0].clone(), key(99), ks[1].clone()];
         assert_eq!(t.lookup_prefix(&refs(&gap), 3.0), 1);
+    }
+
+    #[test]
+    fn a_peek_sees_what_a_lookup_sees_and_uses_nothing() {
+        // Room for 2 and 64 samples (of 2 keys): the victim is the least recently used.
+        let mut t = SampledLru::new(2, 64, 0).unwrap();
+        let ks = keys(0..3);
+        t.put(&refs(&ks[..2]), 1.0);
+        assert_eq!(t.peek_prefix(&refs(&ks[..2]), 0.5), 0);
+        assert_eq!(t.peek_prefix(&refs(&ks), 1.0), 2);
+        // A lookup of key 0 would make key 1 the victim; after a peek key 0 still goes first.
+        assert_eq!(t.peek_prefix(&refs(&ks[..1]), 1.0), 1);
+        t.put(&refs(&ks[2..]), 1.0);
+        assert_eq!(t.peek_prefix(&refs(&ks[..1]), 1.0), 0);
+        assert_eq!(t.peek_prefix(&refs(&ks[1..]), 1.0), 2);
     }
 
     #[test]
