@@ -106,6 +106,13 @@ class SecondaryTier:
         self._new_cascades: list[TierJob] = []
         # Recorded only where the store records its own (nobody drains them otherwise).
         self._events: list[StoreEvent] | None = [] if store.enable_events else None
+        self._advertised: set[bytes] = set()
+        """What its "stored" events announced and no "removed" event withdrew yet: each
+        chunk announced once, withdrawn once (routers count the announcements of a block)."""
+        self._withdrawn = False
+        """Its breaker is open: everything advertised was withdrawn, re-announced on close."""
+        self._gone: set[bytes] = set()
+        """Evicted while a write of theirs was still out: not in the tier when it ends."""
 
     @property
     def max_cascade_slots(self) -> int:
@@ -168,8 +175,9 @@ class SecondaryTier:
         if failed:
             self.store.complete_store(failed, False)
             self.lookups.mark_miss(failed)
-            # This engine treats them as gone from the tier (a miss for a while): say so.
-            self._event("removed", failed)
+            # This engine treats them as gone from the tier (a miss for a while): say so. A
+            # shared tier's chunks were announced by whichever replica wrote them.
+            self._event("removed", failed, announced_elsewhere=self.locality == "REMOTE")
         self._stats.secondary_chunks_promoted += len(arrived)
         self._stats.secondary_chunks_failed += len(failed)
 
@@ -210,12 +218,26 @@ class SecondaryTier:
         if not job.ok.all():
             keys = job.keys.to_list()
             written_on = [k for k, good in zip(keys, job.ok, strict=True) if good]
+        if self._gone:
+            written_on = [k for k in written_on if k not in self._gone]
+            if not self._cascades:
+                self._gone.clear()
         self.lookups.mark_stored(written_on)
         if self._events is not None:
             self._event("stored", list(written_on))
         self.store.release_write(job.keys)
         self._cascading_slots -= len(job.keys)
         self._drain_backlog()
+
+    def evicted(self, keys: list[bytes]) -> None:
+        """A worker's handle on the tier evicted `keys` (removed their shards) to hold its
+        capacity: misses from now on, and withdrawn."""
+        if not keys:
+            return
+        self.lookups.mark_miss(keys)
+        if self._cascades:
+            self._gone.update(keys)
+        self._event("removed", keys)
 
     def _drain_backlog(self) -> None:
         """Holds the backlog's next keys that are still ready, up to the budget, as one job."""
@@ -243,15 +265,34 @@ class SecondaryTier:
         return promotions, cascades
 
     def take_events(self) -> list[StoreEvent]:
-        """Chunks every writer put in the tier ("stored") and chunks whose promotion failed
-        ("removed"), oldest first (empty unless the store has `enable_events`)."""
-        if not self._events:
+        """Oldest first (empty unless the store has `enable_events`), each chunk announced once
+        while it is in the tier: "stored" once every writer put it there, "removed" once a
+        promotion of it failed or a worker evicted it. While the tier's breaker is open (every
+        lookup a miss) all of it is withdrawn, and announced again when it closes."""
+        if self._events is None:
             return []
+        if self.lookups.down != self._withdrawn:
+            self._withdrawn = not self._withdrawn
+            if self._advertised:
+                kind = "removed" if self._withdrawn else "stored"
+                self._events.append(StoreEvent(kind, list(self._advertised)))
         events, self._events = self._events, []
         return events
 
-    def _event(self, kind: str, keys: list[bytes]) -> None:
-        if self._events is not None and keys:
+    def _event(self, kind: str, keys: list[bytes], *, announced_elsewhere: bool = False) -> None:
+        """Records `kind` for those of `keys` whose state it changes (all of them when
+        `announced_elsewhere`: another replica may have announced a shared tier's chunk)."""
+        if self._events is None or not keys:
+            return
+        advertised = self._advertised
+        if kind == "stored":
+            keys = [k for k in keys if k not in advertised]
+            advertised.update(keys)
+        else:
+            mine = [k for k in keys if k in advertised]
+            advertised.difference_update(mine)
+            keys = keys if announced_elsewhere else mine
+        if keys and not self._withdrawn:
             self._events.append(StoreEvent(kind, keys))
 
     def finish_request(self, request_id: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvoffload.errors import ConfigError
 from kvoffload.tiers import registry
-from kvoffload.tiers.identity import TierIdentity
+from kvoffload.tiers.identity import TierIdentity, ownership
 from kvoffload.tiers.kind import TierConfig, TierKind
 
 _LOCALITIES = ("LOCAL", "REMOTE")
@@ -39,6 +39,11 @@ class TierSettings:
     locality: str
     identity: TierIdentity
     """Rank 0's identity; each shard of a chunk is keyed under its own shard's digest."""
+
+    @property
+    def ownership(self) -> str:
+        """Its name in KV events (`identity.ownership`)."""
+        return ownership(self.kind.name, self.config.where, self.identity.digest())
 
     def shard_digest(self, shard: int) -> bytes:
         """The namespace digest of one shard of every chunk."""

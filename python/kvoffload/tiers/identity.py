@@ -37,3 +37,11 @@ class TierIdentity:
         fields["format_version"] = FORMAT_VERSION
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.blake2b(canonical.encode(), digest_size=16).digest()
+
+
+def ownership(kind: str, where: str, digest: bytes) -> str:
+    """The tier's name in vLLM's KV events (their `ownership`): `kind:` and 8 hex digits of where
+    it is and what its values are. Equal for every replica sharing one tier (a router pools a
+    shared tier's blocks by it); different for two tiers of one chain."""
+    tag = hashlib.blake2b(where.encode() + digest, digest_size=4).hexdigest()
+    return f"{kind}:{tag}"

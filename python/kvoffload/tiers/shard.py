@@ -36,6 +36,10 @@ class DataPath(Protocol):
     def state(self) -> str:
         """Its breaker: "up", "down" (every job fails fast) or "half-open"."""
 
+    def take_evicted(self) -> list[bytes]:
+        """The keys whose shards this handle's own eviction removed since the last call (none
+        where the server evicts on its own, unseen, as Redis does)."""
+
 
 class ShardIO:
     """Promotions (tier -> slots) and cascades (slots -> tier) over `buffer`, the pool's memory,

@@ -34,6 +34,9 @@ pub struct DiskConfig {
     /// writers that hold the capacity themselves forgets the chunk, and its index stays within
     /// the capacity).
     pub evict_files: bool,
+    /// Whether the files eviction removes are kept for `Tier::take_evicted` (a handle whose
+    /// engine publishes KV events withdraws them; off, nobody drains them).
+    pub report_evictions: bool,
     /// Never write (a directory shipped read-only): stores are dropped at once, nothing is
     /// created, removed or touched; lookups and loads serve what the directory holds.
     pub read_only: bool,
@@ -61,6 +64,7 @@ impl DiskConfig {
             breaker_failures: 3,
             breaker_cooldown: std::time::Duration::from_secs(10),
             evict_files: true,
+            report_evictions: false,
             read_only: false,
             probes_per_step: 64,
             probe_miss_ttl: std::time::Duration::from_secs(1),

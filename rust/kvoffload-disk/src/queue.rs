@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     /// Items failed at once, with no I/O, while the breaker was open.
     pub denied: AtomicU64,
     pub evict_files: bool,
+    /// The keys whose files eviction removed since the last `take_evicted` (None: not kept).
+    pub evicted_keys: Option<Mutex<Vec<Vec<u8>>>>,
     pub read_only: bool,
     /// Whether stores are written now (a full or read-only filesystem drops them without I/O).
     pub gate: Gate,

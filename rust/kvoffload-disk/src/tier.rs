@@ -57,6 +57,7 @@ impl Tier {
         // A directory that may not be written keeps its files: past the capacity it forgets.
         let evict_files = cfg.evict_files && !cfg.read_only;
         let read_only = cfg.read_only;
+        let evicted_keys = (evict_files && cfg.report_evictions).then(|| Mutex::new(Vec::new()));
         let probes_per_step = cfg.probes_per_step;
         let probes = Probes::new(probes_per_step, cfg.probe_miss_ttl);
         let failed_hold = rescan
@@ -88,6 +89,7 @@ impl Tier {
             breaker,
             denied: AtomicU64::new(0),
             evict_files,
+            evicted_keys,
             read_only,
             gate,
             probes: Mutex::new(probes),
@@ -236,6 +238,15 @@ impl Tier {
     /// Whether stores are written now, or dropped (a full or read-only filesystem).
     pub fn writes(&self) -> Writes {
         self.sh.gate.writes()
+    }
+
+    /// The keys whose files eviction removed since the last call, oldest first (empty unless
+    /// `report_evictions`): what an engine publishing KV events withdraws.
+    pub fn take_evicted(&self) -> Vec<Vec<u8>> {
+        match &self.sh.evicted_keys {
+            Some(keys) => std::mem::take(&mut *keys.lock().unwrap_or_else(|p| p.into_inner())),
+            None => Vec::new(),
+        }
     }
 
     /// Takes `keys` into the index as just used, without I/O: chunks written through another

@@ -19,8 +19,13 @@ pub(crate) fn evict(sh: &Shared) {
         };
         let Some(key) = victim else { return };
         // A lookup-only handle forgets the chunk; its writers' handles remove the file.
-        if !sh.evict_files || sh.tier.remove(&key).is_ok() {
+        if !sh.evict_files {
             sh.evicted.fetch_add(1, Ordering::Relaxed);
+        } else if sh.tier.remove(&key).is_ok() {
+            sh.evicted.fetch_add(1, Ordering::Relaxed);
+            if let Some(keys) = &sh.evicted_keys {
+                keys.lock().unwrap_or_else(|p| p.into_inner()).push(key);
+            }
         }
     }
 }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::jobs::{data, key, load, open, open_with, store, wait, CHUNK, FILE, NS};
+use common::jobs::{data, key, load, open, open_cfg, open_with, store, wait, CHUNK, FILE, NS};
 use common::TempDir;
 use kvoffload_disk::{BreakerState, DiskConfig, Tier};
 use kvoffload_tier::buf::{RawBuf, RawBufMut};
@@ -50,6 +50,30 @@ fn capacity_is_held_by_evicting_the_least_recently_used() {
     assert_eq!(files_on_disk(&jobs), 4);
     let (st, _) = load(&jobs, &[0, 1, 2, 3, 4, 5]);
     assert_eq!(st, vec![OK, MISSING, MISSING, OK, OK, OK]);
+}
+
+#[test]
+fn evicted_keys_are_kept_for_take_evicted_only_when_reported() {
+    let d = TempDir::new("evicted");
+    let mut cfg = DiskConfig::new(&d.0, CHUNK);
+    cfg.rescan = None;
+    cfg.report_evictions = true;
+    let jobs = open_cfg(cfg, 2, 1);
+    for i in 0..4 {
+        assert_eq!(store(&jobs, &[i]), vec![OK]);
+    }
+    // Chunks 0 and 1 made room for 2 and 3, in that order; a second call finds nothing new.
+    assert_eq!(jobs.take_evicted(), vec![key(0), key(1)]);
+    assert!(jobs.take_evicted().is_empty());
+    assert_eq!(load(&jobs, &[0]).0, vec![MISSING]);
+    // Not reported (the default): nothing is kept.
+    let other = TempDir::new("evicted-off");
+    let quiet = open(&other, 1, 1);
+    for i in 0..3 {
+        assert_eq!(store(&quiet, &[i]), vec![OK]);
+    }
+    assert_eq!(quiet.counts().1, 2);
+    assert!(quiet.take_evicted().is_empty());
 }
 
 #[test]

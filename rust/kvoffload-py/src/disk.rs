@@ -8,7 +8,7 @@ use kvoffload_disk::{BreakerState, Completion, DirectIo, DiskConfig, DiskError, 
 use kvoffload_tier::buf::{RawBuf, RawBufMut};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -66,7 +66,7 @@ impl DiskTier {
         path, namespace, chunk_bytes, capacity_bytes, *, direct_io = "auto", io_threads = 8,
         rescan_interval_s = 10.0, max_store_bytes_in_flight = 1_073_741_824,
         breaker_failures = 3, breaker_cooldown_s = 10.0, evict_files = true, read_only = false,
-        probes_per_step = 64, probe_miss_ttl_s = 1.0, file_mode = 0o600,
+        probes_per_step = 64, probe_miss_ttl_s = 1.0, file_mode = 0o600, report_evictions = false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -86,6 +86,7 @@ impl DiskTier {
         probes_per_step: i64,
         probe_miss_ttl_s: f64,
         file_mode: u32,
+        report_evictions: bool,
     ) -> PyResult<Self> {
         if !breaker_cooldown_s.is_finite() || !(0.01..=3600.0).contains(&breaker_cooldown_s) {
             return Err(PyValueError::new_err(format!(
@@ -132,6 +133,7 @@ impl DiskTier {
         cfg.breaker_failures = breaker_failures;
         cfg.breaker_cooldown = Duration::from_secs_f64(breaker_cooldown_s);
         cfg.evict_files = evict_files;
+        cfg.report_evictions = report_evictions;
         cfg.read_only = read_only;
         cfg.probes_per_step = probes_per_step as usize;
         cfg.probe_miss_ttl = Duration::from_secs_f64(probe_miss_ttl_s);
@@ -226,6 +228,11 @@ impl DiskTier {
     }
 
     /// Drops `keys` from the index, without I/O (a load through another handle missed them).
+    fn take_evicted<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
+        let keys = self.jobs().take_evicted();
+        keys.iter().map(|k| PyBytes::new(py, k)).collect()
+    }
+
     fn note_missing(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         KeyArg::extract(keys)?.run(py, |k| {
             self.jobs().note_missing(k);

@@ -134,6 +134,9 @@ class MemoryDataPath:
     def drain(self, timeout_s: float) -> list[Completion]:
         return self.poll()
 
+    def take_evicted(self) -> list[bytes]:
+        return []  # it never evicts
+
     def close(self) -> None:
         pass
 

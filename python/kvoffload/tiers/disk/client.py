@@ -36,12 +36,14 @@ class DiskClient:
         evict_files: bool = True,
         direct_io: str | None = None,
         log: bool = True,
+        report_evictions: bool = False,
     ) -> None:
         """`capacity_bytes`, `io_threads` and `direct_io` default to the config's (a worker's
         handle holds its shard's part of the capacity; a handle that only answers lookups reads
         no chunk, and with `evict_files=False` forgets what it evicts without removing the
         file). `log`: say what open found, and each change of the write state (one handle per
-        process does; a lookup handle never writes)."""
+        process does; a lookup handle never writes). `report_evictions`: keep the keys whose
+        files eviction removed for `take_evicted` (whoever sets it drains them)."""
         try:
             self._tier = _rust.DiskTier(
                 config.path,
@@ -59,6 +61,7 @@ class DiskClient:
                 probes_per_step=config.probes_per_step,
                 probe_miss_ttl_s=config.probe_miss_ttl_s,
                 file_mode=config.file_mode,
+                report_evictions=report_evictions,
             )
         except (ValueError, OSError) as exc:
             raise ConfigError(f"DiskTier path={config.path!r}: {exc}") from exc
@@ -123,6 +126,11 @@ class DiskClient:
     def note_present(self, keys: Keys) -> None:
         """Takes `keys` into the index as just used: written through another handle."""
         self._tier.note_present(keys)
+
+    def take_evicted(self) -> list[bytes]:
+        """The keys whose files eviction removed since the last call (with
+        `report_evictions`)."""
+        return self._tier.take_evicted()
 
     def note_missing(self, keys: Keys) -> None:
         """Drops `keys` from the index: a load through another handle missed them."""

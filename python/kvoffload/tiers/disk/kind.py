@@ -42,7 +42,10 @@ class DiskKind:
         self, config: DiskTierConfig, digest: bytes, chunk_bytes: int, num_shards: int
     ) -> DiskClient:
         capacity = config.shard_capacity_bytes(num_shards)
-        return DiskClient(config, digest, chunk_bytes, capacity_bytes=capacity)
+        # A worker drains its evictions every step: its scheduler withdraws them from KV events.
+        return DiskClient(
+            config, digest, chunk_bytes, capacity_bytes=capacity, report_evictions=True
+        )
 
     def reporter(self, paths: Sequence[DiskClient]) -> DiskReport:
         return DiskReport(*paths)

@@ -64,6 +64,11 @@ class RedisClient:
         """The circuit breaker: "up", "down" (every job fails fast) or "half-open"."""
         return self._tier.state
 
+    def take_evicted(self) -> list[bytes]:
+        """Nothing: the server evicts on its own, unseen (a replica that finds a chunk gone
+        withdraws it)."""
+        return []
+
     def canary(self, name: bytes, identity: bytes) -> tuple[str, bytes | None]:
         return self._tier.canary(name, identity, self.config.connect_timeout_s)
 

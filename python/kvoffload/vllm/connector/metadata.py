@@ -60,6 +60,9 @@ class KVOffloadWorkerMetadata(KVConnectorWorkerMetadata):
     """`(rank, tier) -> down` of a worker whose secondary tier's breaker opened or closed since
     its last report (the scheduler's lookups of a disk skip it while it is down on any
     worker)."""
+    evicted: dict[int, list[bytes]] = field(default_factory=dict)
+    """`tier -> keys` whose shards a worker's handle evicted since its last report (a chunk is
+    gone once any of its shards is)."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVOffloadWorkerMetadata:
         """Both objects' reports: counts add up, a job (a promoted key) is ok only if every
@@ -86,8 +89,11 @@ class KVOffloadWorkerMetadata(KVConnectorWorkerMetadata):
         usable = dict(self.usable_slots)
         for rank, slots in other.usable_slots.items():
             usable[rank] = max(slots, usable.get(rank, 0))
+        evicted = {tier: list(keys) for tier, keys in self.evicted.items()}
+        for tier, keys in other.evicted.items():
+            evicted.setdefault(tier, []).extend(keys)
         return KVOffloadWorkerMetadata(
-            results, promoted, cascaded, usable, {**self.tiers_down, **other.tiers_down}
+            results, promoted, cascaded, usable, {**self.tiers_down, **other.tiers_down}, evicted
         )
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections import ChainMap
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_events import KVCacheEvent
 from vllm.v1.core import kv_cache_utils
-from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 from vllm.v1.request import RequestStatus
 
 from kvoffload.scheduler import (
@@ -20,9 +20,9 @@ from kvoffload.scheduler import (
     StateBlock,
     TierLink,
 )
-from kvoffload.store import StoreEvent
 from kvoffload.tiers import TierLookups, TierSettings
 from kvoffload.vllm.compat import request_blocks
+from kvoffload.vllm.connector.events import KVEvents
 from kvoffload.vllm.connector.metadata import (
     KVOffloadHandshakeMetadata,
     KVOffloadMetadata,
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
-
-_GROUP_SUFFIX = 4  # a key is the chunk's last block hash + the 4-byte KV-group index
 
 
 class SchedulerSide:
@@ -85,6 +83,9 @@ class SchedulerSide:
         """Requests given GPU blocks in this step (update_state_after_alloc)."""
         self._finishing: dict[str, RequestUpdate] = {}
         """Finished requests, ended in the next build_connector_meta (as vLLM's connector does)."""
+        self.events = KVEvents(settings)
+        self._ending: dict[str, Request] = {}
+        """The finishing requests themselves, while their last stores are snapshotted."""
         # This step's output, handed to the workers by build_connector_meta.
         self._loads: list[LoadJob] = []
         self._held: list[str] = []
@@ -134,6 +135,11 @@ class SchedulerSide:
             request.block_hashes,
             read=not request.skip_reading_prefix_cache,
         )
+        if self.events.self_describing and self.tier_lookups:
+            if hit is None:
+                self.events.watch(request)
+            else:
+                self.events.unwatch(request.request_id)
         if hit is None:
             return None, False
         # Always asynchronous: vLLM keeps the request waiting until the load is reported, and a
@@ -208,6 +214,10 @@ class SchedulerSide:
         ]
         for plan in self.scheduler.finish_requests(finals):
             stores.extend(plan.store_jobs)
+        if self.events.self_describing:
+            self.events.record_stores(stores, ChainMap(self._requests, self._ending))
+            for rid, _ in finals:
+                self._ending.pop(rid, None)
         meta = KVOffloadMetadata(
             loads=self._loads,
             stores=stores,
@@ -250,6 +260,7 @@ class SchedulerSide:
             if count >= self.settings.world_size:
                 del reports[job_id]
                 self.scheduler.complete_job(job_id, ok)
+                self.events.job_ended(job_id)
         self._reports = KVOffloadWorkerMetadata(reports)
         if meta.usable_slots:
             self._grow(meta.usable_slots)
@@ -265,6 +276,8 @@ class SchedulerSide:
             tier_of(job_id).promoted(job_id, count, ok_keys)
         for job_id, (count, written, in_tier) in meta.cascaded.items():
             tier_of(job_id).cascaded(job_id, count, written, in_tier)
+        for i, keys in meta.evicted.items():
+            self.scheduler.secondary_tiers[i].evicted(list(dict.fromkeys(keys)))
 
     def on_handshake(self, metadata: Iterable[object]) -> None:
         """Each worker's ready slots, once its KV caches are registered: the first step plans
@@ -319,6 +332,7 @@ class SchedulerSide:
         build_connector_meta), read them."""
         rid = request.request_id
         self._requests.pop(rid, None)
+        self.events.unwatch(rid)
         if not self.scheduler.has_request(rid):
             return False
         if request.status == RequestStatus.FINISHED_ABORTED:
@@ -334,6 +348,8 @@ class SchedulerSide:
             shared_prefix_boundary=request.shared_prefix_boundary,
         )
         self._finishing[rid] = final
+        if self.events.self_describing:
+            self._ending[rid] = request
         # A request still loading is waiting for its KV: vLLM holds its blocks until the load is
         # reported in finished_recving, and would free them twice if we held them too.
         hold = not self.scheduler.is_loading(rid) and self.scheduler.would_hold_blocks(rid, final)
@@ -342,11 +358,10 @@ class SchedulerSide:
         return hold
 
     def take_events(self) -> Iterator[KVCacheEvent]:
-        """The CPU tier's events, then each secondary tier's (its medium and locality): chunks
-        every writer put there, and chunks whose promotion failed (a miss here for a while)."""
-        yield from _events(self.scheduler.store.take_events(), "CPU", None)
-        for tier in self.scheduler.secondary_tiers:
-            yield from _events(tier.take_events(), tier.medium, tier.locality)
+        """The CPU tier's events, then each secondary tier's (`KVEvents`)."""
+        places = [(0, self.scheduler.store.take_events())]
+        places += [(i + 1, t.take_events()) for i, t in enumerate(self.scheduler.secondary_tiers)]
+        return self.events.translate(places)
 
     def get_stats(self) -> KVOffloadStats | None:
         now = self.scheduler.stats()
@@ -375,6 +390,7 @@ class SchedulerSide:
         # now another request's (vLLM's connector drops their state too).
         finals = [(rid, None) for rid in self._finishing]
         self._finishing.clear()
+        self._ending.clear()
         self.scheduler.finish_requests(finals)
         self.scheduler.reset()
         return True
@@ -385,32 +401,3 @@ class SchedulerSide:
     def shutdown(self) -> None:
         for lookups in self.tier_lookups:
             lookups.close()
-
-
-def _events(
-    events: Iterable[StoreEvent], medium: str, locality: str | None
-) -> Iterator[KVCacheEvent]:
-    for event in events:
-        by_group: dict[int, list[Any]] = {}
-        for k in event.keys:
-            group = int.from_bytes(k[-_GROUP_SUFFIX:], "big")
-            by_group.setdefault(group, []).append(
-                maybe_convert_block_hash(BlockHash(k[:-_GROUP_SUFFIX]))
-            )
-        for group, hashes in sorted(by_group.items()):
-            if event.kind == "stored":
-                yield BlockStored(
-                    block_hashes=hashes,
-                    parent_block_hash=None,
-                    token_ids=[],
-                    block_size=0,
-                    lora_id=None,
-                    medium=medium,
-                    lora_name=None,
-                    group_idx=group,
-                    locality=locality,
-                )
-            else:
-                yield BlockRemoved(
-                    block_hashes=hashes, medium=medium, group_idx=group, locality=locality
-                )

@@ -25,6 +25,11 @@ class ConnectorSettings:
     """Bytes of one GPU block on one worker, all layers."""
     num_slots: int
     enable_events: bool
+    self_describing_events: bool = False
+    """`self_describing_kv_events` with vLLM's KV events on: per vLLM block, with tokens and
+    parent, for every tier (see docs/routers.md)."""
+    group_specs: tuple[tuple[str | None, int | None], ...] = ()
+    """Per KV-cache group, vLLM's spec kind and sliding window as its KV events name them."""
     tiers: tuple[TierSettings, ...] = ()
     """The secondary tiers behind the CPU tier (`secondary_tiers`), in lookup order."""
     pinning: Pinning = field(default_factory=Pinning)
@@ -59,6 +64,9 @@ class ConnectorSettings:
     def from_vllm(
         cls, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
     ) -> ConnectorSettings:
+        from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
+        from vllm.v1.kv_cache_interface import get_kv_cache_spec_sliding_window as sliding_window
+
         transfer = vllm_config.kv_transfer_config
         assert transfer is not None  # vLLM builds connectors only when it is set
         groups = kv_cache_config.kv_cache_groups
@@ -66,6 +74,11 @@ class ConnectorSettings:
         spec = groups[0].kv_cache_spec
         extra = dict(transfer.kv_connector_extra_config or {})
         raw_tiers = extra.pop("secondary_tiers", None)
+        self_describing = extra.pop("self_describing_kv_events", False)
+        if type(self_describing) is not bool:
+            raise ConfigError(
+                f"self_describing_kv_events={self_describing!r} is invalid; allowed: true or false"
+            )
         entries = [] if raw_tiers is None else parse_entries(raw_tiers)
         if entries and len(kv_groups) > 1:
             raise NotSupportedError(
@@ -88,6 +101,7 @@ class ConnectorSettings:
         world_size = vllm_config.parallel_config.world_size
         bytes_per_chunk = block_bytes * config.blocks_per_chunk * world_size
         events = vllm_config.kv_events_config
+        enable_events = bool(events is not None and events.enable_kv_cache_events)
         replicated = False
         tiers: tuple[TierSettings, ...] = ()
         if entries:
@@ -136,7 +150,12 @@ class ConnectorSettings:
             world_size=world_size,
             worker_block_bytes=block_bytes,
             num_slots=config.num_slots(bytes_per_chunk),
-            enable_events=bool(events is not None and events.enable_kv_cache_events),
+            enable_events=enable_events,
+            self_describing_events=enable_events and self_describing,
+            group_specs=tuple(
+                (get_kv_cache_spec_kind(g.kv_cache_spec).value, sliding_window(g.kv_cache_spec))
+                for g in groups
+            ),
             tiers=tiers,
             pinning=pinning,
             groups=kv_groups,

@@ -269,12 +269,15 @@ class WorkerSide:
         growing = self.engine is not None and self.engine.pool.growing
         grew = growing or usable.get(self.rank, -1) != self._reported_usable
         down = self._breakers_moved()
-        if not (self._results or self._promoted or self._cascaded or grew or down):
+        # After this step's completions were taken: a write's eviction is never reported before
+        # the write itself could be.
+        evicted = {i: keys for i, io in enumerate(self.tiers) if (keys := io.client.take_evicted())}
+        if not (self._results or self._promoted or self._cascaded or grew or down or evicted):
             return None
         if grew:
             self._reported_usable = usable[self.rank]
         meta = KVOffloadWorkerMetadata(
-            self._results, self._promoted, self._cascaded, usable if grew else {}, down
+            self._results, self._promoted, self._cascaded, usable if grew else {}, down, evicted
         )
         self._results, self._promoted, self._cascaded = {}, {}, {}
         return meta
