@@ -71,7 +71,7 @@ def test_the_sweep_table_has_one_row_per_size(trace, capsys):
     )
     assert lines[5].split() == [
         "instances", "setting", "GPU", "hits", "CPU", "hits", "all", "hits", "mean", "TTFT",
-        "s", "p90", "TTFT", "s", "p99", "TTFT", "s", "simulated", "s",
+        "s", "p90", "TTFT", "s", "p99", "TTFT", "s", "simulated", "s", "load", "max/mean",
     ]  # fmt: skip
     rows = [line.split() for line in lines[6:]]
     assert [row[:5] for row in rows] == [
@@ -86,6 +86,8 @@ def test_the_sweep_table_has_one_row_per_size(trace, capsys):
     ]
     # The last request arrives at 30 s and takes one step.
     assert [row[8] for row in rows] == ["30.0"] * 3
+    # Round-robin gives 2 instances 2 requests each, 4 one each: the busiest has the mean.
+    assert [row[9] for row in rows] == ["1.00"] * 3
 
 
 def test_compare_router_on_each_size(trace, run_cli):
@@ -95,14 +97,17 @@ def test_compare_router_on_each_size(trace, run_cli):
         for r in out["runs"]
     }
     # One instance: the router has no choice. Two: both are idle at every arrival, a tie, and
-    # ties rotate, so least-loaded splits A's prefix as round-robin does.
+    # ties rotate, so least-loaded splits A's prefix as round-robin does; both prefix routers
+    # follow A's prefix on instance 0's GPU.
     assert hits == {
         (1, "round-robin"): 192,
         (1, "least-loaded"): 192,
         (1, "prefix-affinity"): 192,
+        (1, "tier-aware"): 192,
         (2, "round-robin"): 128,
         (2, "least-loaded"): 128,
         (2, "prefix-affinity"): 192,
+        (2, "tier-aware"): 192,
     }
 
 

@@ -3,10 +3,11 @@ through an engine model around the real offload scheduler and CPU-tier store, on
 fleet behind a router, with no GPU and no vLLM. `--verify-data` adds the transfer engine in CPU
 mode (torch)."""
 
-from kvoffload.simulate.fleet import ROUTERS, FleetResult, simulate, simulate_fleet
+from kvoffload.simulate.fleet import FleetResult, simulate, simulate_fleet
 from kvoffload.simulate.instance import EngineConfig
 from kvoffload.simulate.models import MODELS
 from kvoffload.simulate.report import SimResult
+from kvoffload.simulate.routers import ROUTERS, TierWeights
 from kvoffload.simulate.trace import (
     FORMATS,
     HashIdsRequest,
@@ -41,6 +42,7 @@ __all__ = [
     "SharedPrefix",
     "SimRequest",
     "SimResult",
+    "TierWeights",
     "Trace",
     "TraceError",
     "TraceOptions",

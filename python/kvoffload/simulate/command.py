@@ -27,6 +27,7 @@ from kvoffload.simulate.report import (
     table,
     title,
 )
+from kvoffload.simulate.routers import TierWeights
 from kvoffload.simulate.runs import Plan, Setting, plan
 from kvoffload.simulate.shared_tier import SharedTierConfig, disk_tier
 from kvoffload.simulate.trace import Trace, TraceError, TraceOptions, load_trace
@@ -242,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
     # The tiers behind the CPU tier some run has: only their rows and fields are shown, so that
     # without them the output is as it was.
     tiers = [t for t, config in (("disk", disk), ("remote", remote)) if config is not None]
+    weights = TierWeights(**(args.tier_weights or {}))
     if args.verify_data:
         pool = max(slots.values()) * args.blocks_per_chunk * PAGE_BYTES
         if pool > _MAX_VERIFY_BYTES:
@@ -306,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
                     st,
                     args,
                     bar,
+                    weights,
                 )
                 for st in row
             ]
@@ -320,11 +323,11 @@ def run(args: argparse.Namespace) -> int:
         out = {
             "workload": workload_info,
             "engine": engine_info,
-            "runs": _json_runs(runs, grid, tiers),
+            "runs": _json_runs(runs, grid, tiers, weights),
         }
         _emit(json.dumps(out, indent=2, allow_nan=False))
     else:
-        _emit(_text(runs, grid, workload_info, engine_info, args.per_instance, tiers))
+        _emit(_text(runs, grid, workload_info, engine_info, args.per_instance, tiers, weights))
     totals = [[res.fleet for res in row] for row in grid]
     code = 0
     if args.plot is not None:
@@ -353,10 +356,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _json_runs(
-    runs: Plan, grid: list[list[FleetResult]], tiers: Sequence[str]
+    runs: Plan, grid: list[list[FleetResult]], tiers: Sequence[str], weights: TierWeights
 ) -> list[dict[str, Any]]:
     """With `tiers` (those some run has behind its CPU tier), each run's sizes of them and
-    their counts too."""
+    their counts too; a fleet's run its load balance, and a tier-aware one its weights."""
     fleets = runs.fleet() is not None
     return [
         {
@@ -365,8 +368,13 @@ def _json_runs(
             "offload_prompt_only": st.offload_prompt_only,
             "eviction_policy": st.eviction_policy,
             **({"instances": st.instances, "router": st.router} if fleets else {}),
+            **(
+                {"tier_weights": _shown_weights(weights, tiers)}
+                if st.router == "tier-aware" and fleets
+                else {}
+            ),
             **{f"{t}_gib": getattr(st, f"{t}_gib") for t in tiers},
-            "result": _json_result(res.fleet, tiers),
+            "result": _json_result(res.fleet, tiers, fleet=st.instances > 1),
             **(
                 {"per_instance": [_json_result(r, tiers) for r in res.instances]}
                 if st.instances > 1
@@ -382,8 +390,17 @@ _TIER_FIELDS = ("hit_tokens", "bytes_read", "bytes_written", "evictions")
 """A tier's fields of `SimResult`, each under its name (`disk_hit_tokens`, ...)."""
 
 
-def _json_result(res: SimResult, tiers: Sequence[str]) -> dict[str, Any]:
+def _shown_weights(weights: TierWeights, tiers: Sequence[str]) -> dict[str, float]:
+    """The weights of the tiers the fleet has (`tiers`: those behind the CPU tier)."""
+    have = {"gpu", "cpu", *("shared" if t == "remote" else t for t in tiers)}
+    return {k: v for k, v in dataclasses.asdict(weights).items() if k in have}
+
+
+def _json_result(res: SimResult, tiers: Sequence[str], fleet: bool = False) -> dict[str, Any]:
+    """With `fleet` (a run of several instances), how evenly they were loaded."""
     out = dataclasses.asdict(res)
+    if not fleet:
+        del out["load_max_over_mean"]
     for tier in TIERS:
         if tier not in tiers:
             for name in _TIER_FIELDS:
@@ -403,18 +420,25 @@ def _text(
     engine_info: dict[str, Any],
     per_instance: bool,
     tiers: Sequence[str],
+    weights: TierWeights,
 ) -> str:
     """The header, the table (or the sweep's), and with `per_instance` one table per fleet;
     with `tiers` (those some run has behind its CPU tier), their rows and columns too."""
     cells = runs.cells()
     sizes = sorted({st.cpu_gib for st in cells})
     policies = sorted({st.eviction_policy for st in cells})
-    out = [header(workload_info, engine_info, sizes, policies, runs.fleet())]
+    fleet = runs.fleet()
+    shown = None
+    if fleet is not None and any(st.router == "tier-aware" for st in cells):
+        shown = ", ".join(f"{k} {v:g}" for k, v in _shown_weights(weights, tiers).items())
+    out = [header(workload_info, engine_info, sizes, policies, fleet, shown)]
     totals = [[res.fleet for res in row] for row in grid]
     if runs.axis is None:
-        out.append(table(runs.labels, totals[0], tiers))
+        out.append(table(runs.labels, totals[0], tiers, fleet is not None))
     else:
-        out.append(sweep_table(runs.axis, runs.points, runs.labels, totals, tiers))
+        out.append(
+            sweep_table(runs.axis, runs.points, runs.labels, totals, tiers, fleet is not None)
+        )
     if per_instance:
         for settings, row in zip(runs.grid, grid, strict=True):
             for st, res in zip(settings, row, strict=True):
@@ -439,6 +463,7 @@ def _run(
     setting: Setting,
     args: argparse.Namespace,
     bar: Any,
+    weights: TierWeights,
 ) -> FleetResult:
     config = OffloadConfig(
         tokens_per_block=args.tokens_per_block,
@@ -469,6 +494,7 @@ def _run(
             on_finish=(lambda: bar.update(1)) if bar is not None else (lambda: None),
             remote=remote,
             disk=disk,
+            tier_weights=weights,
         )
     finally:
         for check in checks:

@@ -10,9 +10,9 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from kvoffload.simulate.fleet import ROUTERS
 from kvoffload.simulate.instance import MIN_HBM_GBPS, EngineConfig
 from kvoffload.simulate.models import DEFAULT_MODEL, MODELS
+from kvoffload.simulate.routers import ROUTERS, TierWeights, parse_tier_weights
 from kvoffload.simulate.shared_tier import SharedTierConfig, disk_tier
 from kvoffload.simulate.trace import FORMATS
 from kvoffload.simulate.workloads import WORKLOADS
@@ -91,6 +91,13 @@ def _off_or(lo: float, hi: float) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def _tier_weights(text: str) -> dict[str, float]:
+    try:
+        return parse_tier_weights(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _sweep(parse: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
@@ -254,7 +261,22 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         metavar="N",
         help="engines, each with its own GPU cache and CPU tier (default: 1)",
     )
-    fl.add_argument("--router", choices=ROUTERS, help="places each request (default: round-robin)")
+    fl.add_argument(
+        "--router",
+        choices=ROUTERS,
+        help="places each request (default: round-robin); least-loaded: the fewest unfinished "
+        "requests; prefix-affinity: the longest prefix in the instance's GPU cache (all a "
+        "router learns from vLLM's KV events of the GPU cache); tier-aware: the prefix in "
+        "each of its tiers, weighted per tier (--tier-weights); ties go to the least loaded",
+    )
+    d_weights = TierWeights()
+    fl.add_argument(
+        "--tier-weights",
+        type=_tier_weights,
+        metavar="NAME=W,...",
+        help="what tier-aware counts a prompt block held in each tier: gpu, cpu, disk, shared "
+        f"(default: {','.join(f'{k}={v:g}' for k, v in dataclasses.asdict(d_weights).items())})",
+    )
     fl.add_argument("--per-instance", action="store_true", help="also a table per instance")
 
     dk = s.add_argument_group(

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from kvoffload.scheduler import OffloadConfig
 from kvoffload.simulate.instance import DataCheck, EngineConfig, Instance, Run, ttft_stats
 from kvoffload.simulate.report import SimResult
+from kvoffload.simulate.routers import ROUTERS, TierWeights, tier_aware_score
 from kvoffload.simulate.shared_tier import SharedTierConfig, SharedTierLink, SimulatedSharedTier
 from kvoffload.simulate.workloads import Request
 from kvoffload.store import KeyList
-
-ROUTERS = ("round-robin", "least-loaded", "prefix-affinity")
 
 
 @dataclass
@@ -41,9 +40,10 @@ class _Fleet:
         router: str,
         engine: EngineConfig,
         on_finish: Callable[[], None],
+        weights: TierWeights,
     ) -> None:
         self.sims = [make_instance(self._finished) for _ in range(instances)]
-        self.router, self.engine = router, engine
+        self.router, self.engine, self.weights = router, engine, weights
         self.tpb = self.sims[0].tpb
         self.on_finish = on_finish
         self.source: Iterator[Request] = iter(requests)
@@ -136,16 +136,25 @@ class _Fleet:
 
     def _route(self, run: Run, arrival: float) -> None:
         sims, n = self.sims, len(self.sims)
-        rank: list[tuple[int, int]] = [(0, 0)] * n  # round-robin: all tie
+        rank: list[tuple[float, int]] = [(0, 0)] * n  # round-robin: all tie
         if self.router == "least-loaded":
             rank = [(0, s.load) for s in sims]
-        elif self.router == "prefix-affinity":
-            # The longest cached prefix wins, then the least loaded. The hashes are not kept
-            # on the run (admission makes them again): a long queue holds none.
+        elif self.router in ("prefix-affinity", "tier-aware"):
+            # The best-held prefix wins, then the least loaded. The hashes are not kept on the
+            # run (admission makes them again): a long queue holds none.
             full = run.req.block_hashes(self.tpb)[: run.req.num_prompt // self.tpb]
-            keys = KeyList()
-            keys.extend_chunk_keys(full, sims[0].config.blocks_per_chunk)
-            rank = [(-s.cached_prefix_tokens(full, keys), s.load) for s in sims]
+            held = [s.gpu_prefix_blocks(full) for s in sims]
+            if self.router == "tier-aware":
+                bpc = sims[0].config.blocks_per_chunk
+                keys = KeyList()
+                keys.extend_chunk_keys(full, bpc)
+                scores = [
+                    tier_aware_score(g, s.tier_runs(keys, g // bpc, arrival), bpc, self.weights)
+                    for g, s in zip(held, sims, strict=True)
+                ]
+                rank = [(-score, s.load) for score, s in zip(scores, sims, strict=True)]
+            else:
+                rank = [(-g, s.load) for g, s in zip(held, sims, strict=True)]
         # Ties go to the first tied instance from `routed % n` on, cyclically: light load
         # spreads as under round-robin instead of piling on instance 0.
         best = min(range(n), key=lambda i: (rank[i], (i - self.routed) % n))
@@ -161,7 +170,7 @@ def _together(results: list[SimResult], ttfts: list[list[float]]) -> SimResult:
         return results[0]
     out = SimResult()
     for f in dataclasses.fields(SimResult):
-        if f.name in (*_TTFT_FIELDS, "ignored_params"):
+        if f.name in (*_TTFT_FIELDS, "ignored_params", "load_max_over_mean"):
             continue
         values = [getattr(r, f.name) for r in results]
         setattr(out, f.name, max(values) if f.name == "simulated_seconds" else sum(values))
@@ -169,6 +178,8 @@ def _together(results: list[SimResult], ttfts: list[list[float]]) -> SimResult:
         for k, v in r.ignored_params.items():
             out.ignored_params[k] = out.ignored_params.get(k, 0) + v
     out.ttft_mean_s, out.ttft_p90_s, out.ttft_p99_s = ttft_stats([t for ts in ttfts for t in ts])
+    if out.requests:
+        out.load_max_over_mean = max(r.requests for r in results) * len(results) / out.requests
     return out
 
 
@@ -184,12 +195,14 @@ def simulate_fleet(
     on_finish: Callable[[], None] = lambda: None,
     remote: SharedTierConfig | None = None,
     disk: SharedTierConfig | None = None,
+    tier_weights: TierWeights | None = None,
 ) -> FleetResult:
     """Replays `requests` (a list, or a stream in arrival order without follow-ups) on
     `instances` engines, each with a fresh scheduler and a CPU tier of `config.cpu_bytes_to_use`
     bytes in chunks of `bytes_per_chunk` (see `OffloadConfig`), behind `router`; `data` makes
     each engine's `--verify-data` check; `remote` is a shared tier behind them all, and `disk`
-    each engine's own disk tier (between its CPU tier and the shared tier)."""
+    each engine's own disk tier (between its CPU tier and the shared tier); `tier_weights` are
+    the `tier-aware` router's (default: `TierWeights()`)."""
     if type(instances) is not int or instances < 1:
         raise ValueError(f"instances={instances!r} is invalid: expected an int >= 1")
     if router not in ROUTERS:
@@ -202,7 +215,8 @@ def simulate_fleet(
         own = None if disk is None else SharedTierLink(SimulatedSharedTier(disk), bytes_per_chunk)
         return Instance(engine, config, bytes_per_chunk, data(), finished, link, own)
 
-    return _Fleet(requests, make_instance, instances, router, engine, on_finish).run()
+    weights = TierWeights() if tier_weights is None else tier_weights
+    return _Fleet(requests, make_instance, instances, router, engine, on_finish, weights).run()
 
 
 def simulate(

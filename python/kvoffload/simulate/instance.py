@@ -33,7 +33,7 @@ from kvoffload.simulate.gpu_cache import GpuPrefixCache
 from kvoffload.simulate.report import SimResult
 from kvoffload.simulate.shared_tier import SharedTierLink
 from kvoffload.simulate.workloads import Request
-from kvoffload.store import KeyList
+from kvoffload.store import KeyList, Keys
 
 MIN_HBM_GBPS = 1.0
 """The slowest GPU memory `hbm_gbps` takes (an H200 reads 4,800 GB/s): 0 turns it off."""
@@ -200,16 +200,37 @@ class Instance:
             return self.now
         return self.transfers[0][0] if self.transfers else math.inf
 
-    def cached_prefix_tokens(self, full: Sequence[bytes], keys: KeyList) -> int:
-        """Prompt tokens of the longest prefix this engine's GPU cache or CPU tier holds, given
-        the prompt's full-block hashes and their chunk keys (the fleet makes both once).
+    def gpu_prefix_blocks(self, full: Sequence[bytes]) -> int:
+        """How many leading blocks of a prompt (its full-block hashes) this engine's GPU cache
+        holds: what a router learns from vLLM's KV events of the GPU cache."""
+        return len(self.gpu.longest_hit(full, len(full)))
 
-        The larger of the two, not a GPU hit continued on the CPU tier as admission counts it:
-        the tier holds what this engine computed (offloaded as it is computed), so a GPU hit
-        the tier does not continue is rare, and a router that ranks by it is no worse for it."""
-        gpu = len(self.gpu.longest_hit(full, len(full))) * self.tpb
-        cpu = self.sched.store.lookup_prefix(keys).hits * self.config.tokens_per_chunk
-        return max(gpu, cpu)
+    def tier_runs(self, keys: KeyList, first: int, now: float) -> list[tuple[str, int]]:
+        """From chunk `first` of a prompt's chunk `keys` on, the runs of chunks the tiers behind
+        the GPU hold at `now`, as admission finds them: the CPU tier's run, else the disk's,
+        else the shared tier's, again from the chunk after it, until a chunk none holds;
+        `(tier, chunks)` with tier "cpu", "disk" or "shared". Nothing is used (no tier's
+        recency moves): a router reads an index of the tiers' KV events, not the tiers."""
+        runs: list[tuple[str, int]] = []
+        while first < len(keys):
+            tier, n = self._first_holder(keys.view(first, len(keys)), now)
+            if not n:
+                break
+            runs.append((tier, n))
+            first += n
+        return runs
+
+    def _first_holder(self, keys: Keys, now: float) -> tuple[str, int]:
+        """The first tier behind the GPU that holds `keys[0]`, and how many leading keys it
+        holds; ("", 0) when none does."""
+        n = self.sched.store.lookup_prefix(keys).hits
+        if n:
+            return "cpu", n
+        for name, link in self.tiers:
+            n = link.tier.peek_prefix(keys, now)
+            if n:
+                return "shared" if name == "remote" else name, n
+        return "", 0
 
     def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
         t0 = time.perf_counter()

@@ -58,6 +58,9 @@ class SimResult:
     verified_chunks: int = 0
     mismatched_blocks: int = 0
     ignored_params: dict[str, int] = field(default_factory=dict)
+    load_max_over_mean: float = 1.0
+    """A fleet's busiest instance's requests over the mean per instance: 1.0 is an even spread
+    (one engine: 1.0)."""
 
     @property
     def cpu_hit_rate(self) -> float:
@@ -122,6 +125,13 @@ ROWS: list[tuple[str, Callable[[SimResult], tuple[float, str]]]] = [
     ),
 ]
 
+FLEET_ROWS: dict[str, list[tuple[str, Callable[[SimResult], tuple[float, str]]]]] = {
+    "requests": [
+        ("load max/mean", lambda r: (r.load_max_over_mean, f"{r.load_max_over_mean:.2f}")),
+    ],
+}
+"""For a fleet: the rows that follow the named row of `ROWS`."""
+
 TIERS = ("disk", "remote")
 """The tiers behind the CPU tier, in lookup order: an instance's disk, the fleet's shared tier."""
 TIER_ROWS: dict[str, dict[str, list[tuple[str, Callable[[SimResult], tuple[float, str]]]]]] = {
@@ -168,17 +178,20 @@ def _grid(rows: Sequence[Sequence[str]], right_from: int = 1) -> str:
     )
 
 
-def table(labels: Sequence[str], results: Sequence[SimResult], tiers: Sequence[str] = ()) -> str:
+def table(
+    labels: Sequence[str],
+    results: Sequence[SimResult],
+    tiers: Sequence[str] = (),
+    fleet: bool = False,
+) -> str:
     """One column per result; with two, a last column of the change from the first (the
-    baseline) to the second; with `tiers` (of `TIERS`, those some run has), their rows too."""
+    baseline) to the second; with `tiers` (of `TIERS`, those some run has), their rows too, and
+    with `fleet` (some run has several instances) how evenly they were loaded."""
     rows = [["", *labels]]
     if len(results) == 2:
         rows[0].append("change")
-    shown = [
-        r
-        for row in ROWS
-        for r in [row, *(extra for t in tiers for extra in TIER_ROWS[t].get(row[0], []))]
-    ]
+    extras = [TIER_ROWS[t] for t in tiers] + [FLEET_ROWS] * fleet
+    shown = [r for row in ROWS for r in [row, *(x for e in extras for x in e.get(row[0], []))]]
     for label, value in shown:
         cells = [value(r) for r in results]
         row = [label] + [text for _, text in cells]
@@ -245,17 +258,25 @@ def _with_tiers(
     return [*columns[:at], *(_TIER_HITS[t] for t in tiers), *columns[at:]]
 
 
+_LOAD_COLUMN: tuple[str, Callable[[SimResult], str]] = (
+    "load max/mean",
+    lambda r: f"{r.load_max_over_mean:.2f}",
+)
+
+
 def sweep_table(
     axis: str,
     points: Sequence[float],
     labels: Sequence[str],
     results: Sequence[Sequence[SimResult]],
     tiers: Sequence[str] = (),
+    fleet: bool = False,
 ) -> str:
     """One row per point of the sweep along `axis` (a key of `SWEEP_COLUMNS`) and setting;
-    `results[i][j]` is point `points[i]`, setting `labels[j]`."""
+    `results[i][j]` is point `points[i]`, setting `labels[j]`; with `fleet` (some run has
+    several instances), a last column of how evenly they were loaded."""
     name, columns = SWEEP_COLUMNS[axis]
-    columns = _with_tiers(columns, tiers)
+    columns = _with_tiers(columns, tiers) + [_LOAD_COLUMN] * fleet
     rows = [[name, "setting", *(title for title, _ in columns)]]
     for point, per_setting in zip(points, results, strict=True):
         for label, r in zip(labels, per_setting, strict=True):
@@ -318,9 +339,11 @@ def header(
     sizes: Sequence[float],
     policies: Sequence[str],
     fleet: str | None = None,
+    weights: str | None = None,
 ) -> str:
-    """The title, the CPU tier, for a fleet its instances and router, and the disk and shared
-    tiers if any; then a blank line."""
+    """The title, the CPU tier, for a fleet its instances and router (and `weights`, the
+    tier-aware router's, if it runs), and the disk and shared tiers if any; then a blank
+    line."""
     tier = ", ".join(f"{s:g}" for s in sizes)
     caps = [
         f"{k} {engine[k]}"
@@ -336,6 +359,7 @@ def header(
         f"{title(workload, engine)}\nCPU tier {tier} GiB ({'/'.join(policies)})"
         + (f", {', '.join(caps)}" if caps else "")
         + fleet_line
+        + (f"\ntier-aware weights per prompt block held: {weights}" if weights else "")
         + _disk_line(engine)
         + _remote_line(engine)
         + "\n"

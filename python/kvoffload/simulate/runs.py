@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvoffload.simulate.flags import UsageError
-from kvoffload.simulate.fleet import ROUTERS
+from kvoffload.simulate.routers import ROUTERS
 from kvoffload.store import POLICY_NAMES
 
 DEFAULT_CPU_GIB = 8.0
@@ -189,6 +189,16 @@ def _check_combinations(args: argparse.Namespace) -> None:
         raise UsageError(
             "--verify-data cannot be combined with --disk-gib: the disk tier moves no bytes"
         )
+    if args.tier_weights is not None:
+        if args.router != "tier-aware" and args.compare != "router":
+            raise UsageError(
+                "--tier-weights needs --router tier-aware (or --compare router): only that "
+                "router weights the tiers"
+            )
+        for tier, size in (("disk", args.disk_gib), ("shared", args.remote_gib)):
+            if tier in args.tier_weights and size is None:
+                flag = "--disk-gib" if tier == "disk" else "--remote-gib"
+                raise UsageError(f"--tier-weights {tier}=... needs {flag}: there is no {tier} tier")
     for given, name in ((args.per_instance, "--per-instance"), (args.router, "--router")):
         if given and _fleet_size(args) < 2:
             raise UsageError(

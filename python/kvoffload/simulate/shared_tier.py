@@ -120,6 +120,10 @@ class SimulatedSharedTier:
         """How many leading `keys` are readable at `now`; a hit is a use (its recency moves)."""
         return self._keys.lookup_prefix(keys, now)
 
+    def peek_prefix(self, keys: Keys, now: float) -> int:
+        """`lookup_prefix` without the use: what a router indexing the tier sees."""
+        return self._keys.peek_prefix(keys, now)
+
     def put(self, keys: Keys, ready_at: float) -> int:
         """Writes `keys`, readable from `ready_at` (when the write lands); returns how many keys
         were evicted for them. Rewriting a key refreshes it and keeps it readable."""
