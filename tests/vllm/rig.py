@@ -169,6 +169,8 @@ class Rig:
     outputs: dict[str, list[int]] = field(default_factory=dict)
     external_hits: dict[str, int] = field(default_factory=dict)
     """Tokens vLLM reports as loaded by the connector, per request (its prefill stats)."""
+    local_hits: dict[str, int] = field(default_factory=dict)
+    """Tokens vLLM reports found in its GPU prefix cache, per request."""
     finished_sending: list[tuple[int, set[str]]] = field(default_factory=list)
     connector_stats: list[dict[str, Any]] = field(default_factory=list)
     """The connector's stats in each step's scheduler stats (workers' and scheduler's, merged by
@@ -299,6 +301,7 @@ class Rig:
                 self.outputs[o.request_id].extend(o.new_token_ids)
                 if o.prefill_stats is not None:
                     self.external_hits[o.request_id] = o.prefill_stats.num_external_cached_tokens
+                    self.local_hits[o.request_id] = o.prefill_stats.num_local_cached_tokens
 
     def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         self.step += 1
@@ -512,6 +515,7 @@ def make_rig(
     max_num_seqs: int = 16,
     connector: str = "kvoffload",
     enable_events: bool = False,
+    kv_events: KVEventsConfig | None = None,
     tokens_per_block: int = TPB,
     chunk_tokens: int = TPC,
     verify: bool = True,
@@ -583,7 +587,8 @@ def make_rig(
             prefix_cache_retention_interval=retention_interval,
         ),
         kv_transfer_config=transfer,
-        kv_events_config=(
+        kv_events_config=kv_events
+        or (
             KVEventsConfig(enable_kv_cache_events=True, publisher="null") if enable_events else None
         ),
         device_config=DeviceConfig("cpu"),

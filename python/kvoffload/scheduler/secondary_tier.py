@@ -234,7 +234,7 @@ class SecondaryTier:
         capacity: misses from now on, and withdrawn."""
         if not keys:
             return
-        self.lookups.mark_miss(keys)
+        self.lookups.forget(keys)
         if self._cascades:
             self._gone.update(keys)
         self._event("removed", keys)

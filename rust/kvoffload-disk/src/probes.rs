@@ -192,6 +192,16 @@ impl Probes {
         m.told = false;
     }
 
+    /// `keys` are there now (written through another handle): no verdict holds them.
+    pub fn forget(&mut self, keys: &[&[u8]]) {
+        if self.missing.is_empty() {
+            return;
+        }
+        for key in keys {
+            self.missing.remove(*key);
+        }
+    }
+
     /// How many of `keys`, from the first, are not held as misses now (a probe that found the
     /// files of held ones must not bring them back).
     pub fn unheld(&self, keys: &ProbeKeys, now: Instant) -> usize {

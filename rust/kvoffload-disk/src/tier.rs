@@ -258,7 +258,18 @@ impl Tier {
                 ix.touch(key);
             }
         }
+        // A probe's verdict from before they were written is stale now.
+        self.sh.probes().forget(keys);
         evict(&self.sh);
+    }
+
+    /// Drops `keys` from the index, without I/O and with no hold: chunks another handle on this
+    /// directory evicted (their files are gone; stored again, they are found again).
+    pub fn forget(&self, keys: &[&[u8]]) {
+        let mut ix = self.sh.index();
+        for key in keys {
+            ix.remove(key);
+        }
     }
 
     /// Drops `keys` from the index, without I/O: chunks a load through another handle found

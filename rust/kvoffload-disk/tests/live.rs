@@ -105,6 +105,28 @@ fn a_chunk_whose_load_failed_is_not_found_again_by_a_probe() {
     assert_eq!(two.lookup(&refs(&keys([6, 7])), "s"), (1, false));
 }
 
+#[test]
+fn a_chunk_written_after_a_probe_missed_it_is_found_once_forgotten() {
+    // The scheduler's handle: its index forgets only what the workers report evicted.
+    let d = TempDir::new("forgotten");
+    let worker = open_cfg(defaults(&d.0), 100, 1);
+    let lookups = open_cfg(defaults(&d.0), 100, 1);
+    // A probe finds chunk 3 absent: a miss without looking again for a second.
+    assert_eq!(lookups.lookup(&refs(&keys([3])), "r1"), (0, true));
+    end_step(&lookups);
+    assert_eq!(lookups.lookup(&refs(&keys([3])), "r1"), (0, false));
+    // The worker writes it, and says so; then its copy is forgotten (as after an eviction
+    // report) while the file is there. The probe's old verdict no longer holds: it is looked
+    // for, and found, at once.
+    assert_eq!(store(&worker, &[3]), vec![OK]);
+    lookups.note_present(&refs(&keys([3])));
+    assert_eq!(lookups.lookup(&refs(&keys([3])), "r2"), (1, false));
+    lookups.forget(&refs(&keys([3])));
+    assert_eq!(lookups.lookup(&refs(&keys([3])), "r3"), (0, true));
+    end_step(&lookups);
+    assert_eq!(lookups.lookup(&refs(&keys([3])), "r3"), (1, false));
+}
+
 /// Fills `dir`'s filesystem up with one file; returns its path.
 fn fill(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("filler");

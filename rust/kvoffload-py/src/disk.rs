@@ -233,6 +233,13 @@ impl DiskTier {
         keys.iter().map(|k| PyBytes::new(py, k)).collect()
     }
 
+    fn forget(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        KeyArg::extract(keys)?.run(py, |k| {
+            self.jobs().forget(k);
+            Ok(())
+        })
+    }
+
     fn note_missing(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         KeyArg::extract(keys)?.run(py, |k| {
             self.jobs().note_missing(k);

@@ -65,6 +65,9 @@ class MemoryLookups:
     def mark_miss(self, keys: Iterable[bytes]) -> None:
         self.missed.update(keys)
 
+    def forget(self, keys: list[bytes]) -> None:
+        pass  # it never evicts
+
     def mark_stored(self, keys: KeyList | list[bytes]) -> None:
         self.missed.difference_update(keys)
 

@@ -132,6 +132,10 @@ class DiskClient:
         `report_evictions`)."""
         return self._tier.take_evicted()
 
+    def forget(self, keys: Keys) -> None:
+        """Drops `keys` from the index, with no hold: chunks another handle evicted."""
+        self._tier.forget(keys)
+
     def note_missing(self, keys: Keys) -> None:
         """Drops `keys` from the index: a load through another handle missed them."""
         self._tier.note_missing(keys)

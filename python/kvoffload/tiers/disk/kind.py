@@ -11,6 +11,9 @@ from kvoffload.tiers.disk.lookups import DiskLookups
 from kvoffload.tiers.disk.report import DISK_COUNTERS, DISK_GAUGES, DiskReport
 from kvoffload.tiers.kind import Report
 
+_UNBOUNDED = 1 << 60
+"""The lookup index's capacity, in bytes: never reached."""
+
 
 class DiskKind:
     name = "DiskTier"
@@ -33,10 +36,10 @@ class DiskKind:
     def open_lookups(
         self, config: DiskTierConfig, digests: Sequence[bytes], chunk_bytes: int, num_shards: int
     ) -> DiskLookups:
-        # A chunk's shards are written together: the first stands for all.
-        return DiskLookups.open(
-            config, digests[0], chunk_bytes, config.shard_capacity_bytes(num_shards)
-        )
+        # A chunk's shards are written together: the first stands for all. Its index forgets
+        # only what the workers report evicted (or a rescan finds gone), never by a capacity of
+        # its own: it holds what they hold, so a chunk announced in KV events is a hit.
+        return DiskLookups.open(config, digests[0], chunk_bytes, _UNBOUNDED)
 
     def open_data_path(
         self, config: DiskTierConfig, digest: bytes, chunk_bytes: int, num_shards: int

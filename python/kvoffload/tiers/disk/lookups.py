@@ -1,9 +1,9 @@
 """`DiskLookups`: the scheduler's lookups against a disk tier (`kvoffload.tiers.kind.TierLookups`).
 
 They answer from the index of a handle of its own on the directory: the workers' handles do the
-I/O and remove the files past `capacity_bytes`; this one reads no chunk, and forgets (without
-removing a file) what falls out of the same capacity. It learns of the chunks its engine's
-workers wrote as their writes end (`mark_stored`), of a chunk a load missed at once
+I/O and remove the files past `capacity_bytes`, and report what they removed (`forget`); this one
+reads no chunk and evicts nothing itself, so it holds what they hold. It learns of the chunks its
+engine's workers wrote as their writes end (`mark_stored`), of a chunk a load missed at once
 (`mark_miss`), and of other engines' chunks and evictions at each rescan. Where the index lacks a
 key, a probe looks for the files on its I/O threads and the lookup says "ask again" for that step
 (at most `probes_per_step` a step), so what another engine wrote a moment ago is a hit at the next
@@ -31,7 +31,8 @@ class DiskLookups:
         cls, config: DiskTierConfig, namespace_digest: bytes, chunk_bytes: int, capacity_bytes: int
     ) -> DiskLookups:
         """A lookup handle on `config`'s directory under one shard's digest (a chunk's shards
-        are written together, so one stands for all), of that shard's `capacity_bytes`."""
+        are written together, so one stands for all), whose index forgets chunks past
+        `capacity_bytes`."""
         # Its I/O threads only look for files (probes): a few serve a shared filesystem's
         # latency; it never reads a chunk, so O_DIRECT is not probed for.
         client = DiskClient(
@@ -57,6 +58,10 @@ class DiskLookups:
 
     def mark_miss(self, keys: Iterable[bytes]) -> None:
         self._client.note_missing(list(keys))
+
+    def forget(self, keys: list[bytes]) -> None:
+        """A worker evicted `keys`: gone, found again once stored again."""
+        self._client.forget(keys)
 
     def mark_stored(self, keys: Keys) -> None:
         self._client.note_present(keys)

@@ -44,6 +44,9 @@ class RedisLookups:
         """Keys a load failed on count as missing until their requests finish."""
         self._table.mark_miss(list(keys))
 
+    def forget(self, keys: list[bytes]) -> None:
+        """Nothing: the server evicts on its own, and every lookup asks it."""
+
     def mark_stored(self, keys: Keys) -> None:
         """Nothing to note: verdicts are per request, and a later request asks the server (which
         may have evicted them meanwhile)."""
