@@ -4,6 +4,8 @@ except under CI=true, where a missing vLLM is an error."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -41,3 +43,15 @@ def seam(request: pytest.FixtureRequest) -> str:
 def any_seam(request: pytest.FixtureRequest) -> str:
     """Ours (both seams), and vLLM's own connector as the reference."""
     return str(request.param)
+
+
+@pytest.fixture
+def kv_router() -> Iterator[Any]:
+    """A router subscribed to nothing yet (`kv_router.KVRouter`), hashing as the rig does."""
+    from rig import TPB, TPC
+    from router_rig import hash_tokens
+
+    from kv_router import router
+
+    with router(TPB, TPC, hash_tokens) as kv:
+        yield kv

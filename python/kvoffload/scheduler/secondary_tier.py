@@ -24,6 +24,7 @@ import numpy as np
 from kvoffload.scheduler.jobs import TierJob
 from kvoffload.scheduler.stats import SchedulerStats
 from kvoffload.store import CpuStore, KeyList, KeyStatus, StoreEvent
+from kvoffload.tiers.announced import Announced
 from kvoffload.tiers.kind import Lookups
 
 _READY = int(KeyStatus.READY)  # an enum member read per key costs more than the comparison
@@ -106,11 +107,7 @@ class SecondaryTier:
         self._new_cascades: list[TierJob] = []
         # Recorded only where the store records its own (nobody drains them otherwise).
         self._events: list[StoreEvent] | None = [] if store.enable_events else None
-        self._advertised: set[bytes] = set()
-        """What its "stored" events announced and no "removed" event withdrew yet: each
-        chunk announced once, withdrawn once (routers count the announcements of a block)."""
-        self._withdrawn = False
-        """Its breaker is open: everything advertised was withdrawn, re-announced on close."""
+        self._announced: Announced[bytes] = Announced()
         self._gone: set[bytes] = set()
         """Evicted while a write of theirs was still out: not in the tier when it ends."""
 
@@ -271,28 +268,20 @@ class SecondaryTier:
         lookup a miss) all of it is withdrawn, and announced again when it closes."""
         if self._events is None:
             return []
-        if self.lookups.down != self._withdrawn:
-            self._withdrawn = not self._withdrawn
-            if self._advertised:
-                kind = "removed" if self._withdrawn else "stored"
-                self._events.append(StoreEvent(kind, list(self._advertised)))
+        kind, keys = self._announced.breaker(self.lookups.down)
+        if keys:
+            self._events.append(StoreEvent(kind, keys))
         events, self._events = self._events, []
         return events
 
     def _event(self, kind: str, keys: list[bytes], *, announced_elsewhere: bool = False) -> None:
-        """Records `kind` for those of `keys` whose state it changes (all of them when
-        `announced_elsewhere`: another replica may have announced a shared tier's chunk)."""
         if self._events is None or not keys:
             return
-        advertised = self._advertised
         if kind == "stored":
-            keys = [k for k in keys if k not in advertised]
-            advertised.update(keys)
+            keys = self._announced.stored(keys)
         else:
-            mine = [k for k in keys if k in advertised]
-            advertised.difference_update(mine)
-            keys = keys if announced_elsewhere else mine
-        if keys and not self._withdrawn:
+            keys = self._announced.removed(keys, announced_elsewhere=announced_elsewhere)
+        if keys:
             self._events.append(StoreEvent(kind, keys))
 
     def finish_request(self, request_id: str) -> None:

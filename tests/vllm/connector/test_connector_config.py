@@ -41,6 +41,10 @@ NODES = REDIS.report.key
         ({"tokens_per_block": 16}, "tokens_per_block comes from vLLM's --block-size"),
         ({"cpu_bytes_to_use": 100}, "cpu_bytes_to_use=100 holds no chunk"),
         ({"cpu_bytes_to_use": 2**62}, "cpu_bytes_to_use=4611686018427387904 makes .* chunks"),
+        (
+            {"self_describing_kv_events": "true"},
+            "self_describing_kv_events='true' is invalid; allowed: true or false",
+        ),
     ],
 )
 def test_bad_config_stops_start_up_naming_the_key(model_dir, extra, match):

@@ -298,6 +298,11 @@ class KVOffloadManager(OffloadingManager):
         self._store.touch([k for k in order if k in state.reused], reuse=True)
 
     def reset_cache(self) -> None:
+        # What was announced is withdrawn (vLLM's own CPU manager leaves it to the GPU cache's
+        # AllBlocksCleared, which routers read as the GPU's alone).
+        ready = [key for key in self._resident if key not in self._pending]
+        if ready and self._events is not None:
+            self._events.append(OffloadingEvent(cast("list[OffloadKey]", ready), Medium.CPU, True))
         # vLLM's connector never completes a job from before the reset, and fences the reuse of
         # their slots itself: a new store forgets them all, slots restart at 0.
         self._store = CpuStore(self._num_chunks, self._policy, usable_slots=self._usable())

@@ -38,6 +38,8 @@ from kvoffload.tiers import (
     TierIdentity,
     TierKind,
 )
+from kvoffload.tiers.announced import Announced
+from kvoffload.tiers.identity import ownership
 from kvoffload.vllm.compat import TIER_LABEL
 
 if TYPE_CHECKING:
@@ -80,6 +82,9 @@ class ChunkTier(SecondaryTierManager):
         self._events: list[OffloadingEvent] | None = None
         if self.config.enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events:
             self._events = []
+        self.ownership = ownership(self.kind.name, self.config.where, self._digest)
+        """The tier's name in its KV events (one per tier of a chain, one per shared tier)."""
+        self._announced: Announced[OffloadKey] = Announced()
         self._warned_at = -_WARN_EVERY_S
         self._failed_since_warning = 0
         self._open()
@@ -128,6 +133,8 @@ class ChunkTier(SecondaryTierManager):
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         self._collect(self._client.poll())
+        # Drained every step, events or not (the data path keeps them until asked).
+        self._event([OffloadKey(k) for k in self._client.take_evicted()], removed=True)
         done, self._pending = self._pending, []
         return done
 
@@ -209,18 +216,47 @@ class ChunkTier(SecondaryTierManager):
         )
 
     def _event(self, keys: list[OffloadKey], *, removed: bool) -> None:
-        if self._events is not None and keys:
+        """Each chunk announced once while the tier holds it, withdrawn once (see `Announced`):
+        a shared tier's removal is announced whoever wrote the chunk."""
+        if self._events is None or not keys:
+            return
+        shared = self.locality == Locality.REMOTE
+        if removed:
+            keys = self._announced.removed(keys, announced_elsewhere=shared)
+        else:
+            keys = self._announced.stored(keys)
+        if keys:
             self._events.append(
                 OffloadingEvent(
-                    keys=keys, medium=self.medium, removed=removed, locality=self.locality
+                    keys=keys,
+                    medium=self.medium,
+                    removed=removed,
+                    locality=self.locality,
+                    ownership=self.ownership,
+                    # vLLM keeps a chunk's tokens until its removal only where one will come:
+                    # a local tier's evictions are seen, a shared tier's are not.
+                    removal_expected=not shared,
                 )
             )
 
     def take_events(self) -> Iterable[OffloadingEvent]:
-        if self._events:
-            events, self._events = self._events, []
-            return events
-        return ()
+        if self._events is None:
+            return ()
+        # An open breaker withdraws what the tier announced (vLLM's connector no longer holds
+        # their tokens to announce them again: they come back as they are stored again).
+        _, keys = self._announced.breaker(self._client.state == "down", announce_again=False)
+        if keys:
+            self._events.append(
+                OffloadingEvent(
+                    keys=keys,
+                    medium=self.medium,
+                    removed=True,
+                    locality=self.locality,
+                    ownership=self.ownership,
+                )
+            )
+        events, self._events = self._events, []
+        return events
 
     # --- per request -----------------------------------------------------------------------
 
