@@ -82,6 +82,7 @@ def run_engine(model: Path, tmp_path_factory: pytest.TempPathFactory) -> RunEngi
         dump_kv: Path | None = None,
         kv_reference: Path | None = None,
         env: dict[str, str] | None = None,
+        routed: list[int] | None = None,
         **engine: Any,
     ) -> dict[str, Any]:
         n = next(counter)
@@ -108,6 +109,7 @@ def run_engine(model: Path, tmp_path_factory: pytest.TempPathFactory) -> RunEngi
             "compare_kv": compare_kv or kv_reference is not None,
             "dump_kv": str(dump_kv) if dump_kv else None,
             "kv_reference": str(kv_reference) if kv_reference else None,
+            "routed": routed,
             "engine": engine,
         }
         spec_path.write_text(json.dumps(spec))

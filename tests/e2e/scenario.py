@@ -138,9 +138,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=spec["model"], **spec["engine"])
+    engine = dict(spec["engine"])
+    if "kv_events_config" in engine:
+        from vllm.config import KVEventsConfig
+
+        engine["kv_events_config"] = KVEventsConfig(**engine["kv_events_config"])
+    llm = LLM(model=spec["model"], **engine)
     probe = KVProbe(llm) if spec.get("compare_kv") else None
     params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
+    if spec.get("routed"):
+        from routed import run_routed
+
+        return {"routed": run_routed(llm, spec, params, settle)}
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
     passes = []
     # The bytes each block hash had when computed: from the engine that stored them (another

@@ -111,7 +111,7 @@ class KVEvents:
         return _Chunk(
             hashes=tuple(maybe_convert_block_hash(h) for h in hashes),
             parent=maybe_convert_block_hash(request.block_hashes[first - 1]) if first else None,
-            tokens=array("q", request.all_token_ids[start : start + bpc * tpb]),
+            tokens=array("i", request.all_token_ids[start : start + bpc * tpb]),
             lora_id=lora.adapter_id if lora is not None else None,
             lora_name=lora.name if lora is not None else None,
             group=group,
