@@ -195,8 +195,9 @@ class Run:
     """Chunks our CPU tier evicted (None: vLLM's)."""
 
 
-def trace_rig(connector: str, trace: Trace, model_dir: str) -> Any:
-    """The rig a trace runs on, with `connector` (see `make_rig`); KV bytes are not checked."""
+def trace_rig(connector: str, trace: Trace, model_dir: str, **options: Any) -> Any:
+    """The rig a trace runs on, with `connector` and `options` (see `make_rig`); KV bytes are
+    not checked."""
     hybrid = (
         {} if trace.geometry == "full" else {"geometry": trace.geometry, "window": trace.window}
     )
@@ -213,11 +214,12 @@ def trace_rig(connector: str, trace: Trace, model_dir: str) -> Any:
         verify=False,
         max_model_len=40_000,
         **hybrid,
+        **options,
     )
 
 
-def run_trace(connector: str, trace: Trace, model_dir: str) -> Run:
-    rig = trace_rig(connector, trace, model_dir)
+def run_trace(connector: str, trace: Trace, model_dir: str, **options: Any) -> Run:
+    rig = trace_rig(connector, trace, model_dir, **options)
     clock = HookClock()
     conn = rig.connector
     for name in HOOKS:

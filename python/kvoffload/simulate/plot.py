@@ -26,7 +26,7 @@ PANELS: dict[str, tuple[str, list[tuple[str, list[Series]]]]] = {
         "instances",
         [
             (
-                "prefix hits, GPU + CPU (% of prompt tokens)",
+                "prefix hits, every tier (% of prompt tokens)",
                 [("", "-", lambda r: 100 * all_hit_rate(r))],
             ),
             (

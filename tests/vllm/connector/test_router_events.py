@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rig import Rig, make_rig, prompt
 from router_rig import Fleet, publishing, workload
 
@@ -145,3 +146,42 @@ def test_two_engines_sharing_redis_through_damage_and_a_disk_going_down(
     disk_a = rigs["a"].connector._sched().settings.tiers[0].ownership
     assert kv_router.medium_blocks("a", "STORAGE", disk_a) == 0
     assert len(fleet.served) == 76
+
+
+@pytest.mark.parametrize("as_ints", ["0", "1"])
+def test_block_hashes_are_converted_as_vllm_converts_them(monkeypatch, as_ints):
+    from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
+
+    from kvoffload.vllm.connector.events import hash_converter
+
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", as_ints)
+    h = BlockHash(bytes(range(32)))
+    assert hash_converter()(h) == maybe_convert_block_hash(h)
+
+
+def test_a_hybrid_models_full_group_is_described_and_its_window_group_is_not(model_dir):
+    """As vLLM's connector does: a sliding-window chunk alone is no prefix a router can match."""
+    from vllm.distributed.kv_events import BlockStored
+
+    rig = make_rig(
+        model_dir,
+        geometry="full+swa",
+        enable_events=True,
+        extra={"self_describing_kv_events": True},
+    )
+    published: list[Any] = []
+    rig.scheduler.kv_event_publisher.publish = published.append
+    tokens = prompt(7, 48)
+    rig.add("a", tokens, 2)
+    rig.run()
+    stored = [e for b in published for e in b.events if isinstance(e, BlockStored)]
+    full = [e for e in stored if e.medium == "CPU" and e.group_idx == 1]
+    window = [e for e in stored if e.medium == "CPU" and e.group_idx == 0]
+    assert [e.token_ids for e in full] == [tokens[i : i + 12] for i in range(0, 48, 12)]
+    assert {(len(e.block_hashes), e.block_size, e.kv_cache_spec_kind) for e in full} == {
+        (3, 4, "full_attention")
+    }
+    assert window and all(e.token_ids == [] and e.block_size == 0 for e in window)
+    assert {(e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) for e in window} == {
+        ("sliding_window", 20)
+    }

@@ -12,23 +12,30 @@ when a lookup waits on a promotion, and kept while some tier holds it.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
-from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 
 from kvoffload.scheduler import StoreJob
 from kvoffload.store import StoreEvent
 from kvoffload.vllm.connector.settings import ConnectorSettings
+from vllm import envs
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 GROUP_SUFFIX = 4  # a key is the chunk's last block hash + the 4-byte KV-group index
-CPU = 0
-"""The CPU tier's place; secondary tier `i` is place `i + 1`."""
+_MASK = (1 << 64) - 1
+
+
+def hash_converter() -> Callable[[bytes], Any]:
+    """vLLM's `maybe_convert_block_hash` (a block hash as its events carry it), its setting read
+    once: vLLM reads it from the environment at every call, 12x the conversion's own time."""
+    if envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES:
+        return lambda h: int.from_bytes(h, "big") & _MASK
+    return lambda h: h
 
 
 @dataclass(slots=True)
@@ -57,6 +64,7 @@ class KVEvents:
         self._places += [("STORAGE", t.locality, t.ownership) for t in settings.tiers]
         self._full = frozenset(i for i, g in enumerate(settings.groups) if g.kind == "full")
         self._specs = settings.group_specs
+        self._convert = hash_converter()
         self._chunks: dict[bytes, _Chunk] = {}
         """Chunks some tier announced (or will: `_planned`), by key."""
         self._planned: dict[int, list[bytes]] = {}
@@ -104,13 +112,13 @@ class KVEvents:
         bpc, tpb = self._blocks_per_chunk, self._tokens_per_block
         first = index * bpc
         hashes = request.block_hashes[first : first + bpc]
-        if len(hashes) < bpc or bytes(hashes[-1]) != key[:-GROUP_SUFFIX]:
+        if len(hashes) < bpc or hashes[-1] != key[:-GROUP_SUFFIX]:
             return None
         lora = request.lora_request
         start = first * tpb
         return _Chunk(
-            hashes=tuple(maybe_convert_block_hash(h) for h in hashes),
-            parent=maybe_convert_block_hash(request.block_hashes[first - 1]) if first else None,
+            hashes=tuple(map(self._convert, hashes)),
+            parent=self._convert(request.block_hashes[first - 1]) if first else None,
             tokens=array("i", request.all_token_ids[start : start + bpc * tpb]),
             lora_id=lora.adapter_id if lora is not None else None,
             lora_name=lora.name if lora is not None else None,
@@ -136,7 +144,7 @@ class KVEvents:
         if not self.self_describing:
             for place, events in tiers:
                 medium, locality, _ = self._places[place]
-                yield from _legacy(events, medium, locality)
+                yield from _legacy(events, medium, locality, self._convert)
             return
         left: list[bytes] = []
         for place, events in tiers:
@@ -198,7 +206,7 @@ class KVEvents:
             chunk = self._chunks.get(key)
             if chunk is None:
                 group = int.from_bytes(key[-GROUP_SUFFIX:], "big")
-                by_group.setdefault(group, []).append(_hash_of(key))
+                by_group.setdefault(group, []).append(self._convert(key[:-GROUP_SUFFIX]))
                 continue
             by_group.setdefault(chunk.group, []).extend(chunk.hashes)
             chunk.places &= ~bit
@@ -224,7 +232,7 @@ class KVEvents:
         group = int.from_bytes(key[-GROUP_SUFFIX:], "big")
         kind, window = self._spec(group)
         return BlockStored(
-            block_hashes=[_hash_of(key)],
+            block_hashes=[self._convert(key[:-GROUP_SUFFIX])],
             parent_block_hash=None,
             token_ids=[],
             block_size=0,
@@ -239,19 +247,18 @@ class KVEvents:
         )
 
 
-def _hash_of(key: bytes) -> Any:
-    return maybe_convert_block_hash(BlockHash(key[:-GROUP_SUFFIX]))
-
-
 def _legacy(
-    events: Iterable[StoreEvent], medium: str, locality: str | None
+    events: Iterable[StoreEvent],
+    medium: str,
+    locality: str | None,
+    convert: Callable[[bytes], Any],
 ) -> Iterator[KVCacheEvent]:
     """The events without `self_describing_kv_events`: a chunk's key, no tokens."""
     for event in events:
         by_group: dict[int, list[Any]] = {}
         for k in event.keys:
             group = int.from_bytes(k[-GROUP_SUFFIX:], "big")
-            by_group.setdefault(group, []).append(_hash_of(k))
+            by_group.setdefault(group, []).append(convert(k[:-GROUP_SUFFIX]))
         for group, hashes in sorted(by_group.items()):
             if event.kind == "stored":
                 yield BlockStored(
