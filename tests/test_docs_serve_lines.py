@@ -23,7 +23,13 @@ LINES = [
     for m in re.finditer(r"--kv-transfer-config '(\{.*?\})'", text, re.S)
 ]
 # Read by the seams themselves, not by OffloadConfig.
-_SEAM_KEYS = {"secondary_tiers", "spec_name", "spec_module_path", "pin_in_background"}
+_SEAM_KEYS = {
+    "secondary_tiers",
+    "spec_name",
+    "spec_module_path",
+    "pin_in_background",
+    "self_describing_kv_events",
+}
 
 
 def tier(entry: dict) -> DiskTierConfig | RedisTierConfig:
