@@ -6,7 +6,9 @@ replay on a ROUTER socket. The subscriber decodes the batches untyped (as a rout
 language does: a batch is `[ts, events, dp_rank]`, an event a map tagged by `type`), checks that
 a self-describing store's tokens hash to its block hashes, and indexes `block hash -> count` per
 instance and medium (a block announced twice counts twice, as vLLM asks). A `REMOTE` tier is
-pooled by its `ownership`: every instance that reaches it may load what any of them wrote.
+pooled by its `ownership`: every instance that reaches it may load what any of them wrote; its
+writers announce each write and any replica withdraws a chunk it finds gone, so a block of it is
+there or not (a set, not a count).
 
 `predict` is the hit a request would get: the GPU blocks it finds (at most `num_tokens - 1`
 tokens, vLLM's rule), or the longest run of blocks the instance's offload tiers hold between
@@ -48,8 +50,11 @@ class KVRouter:
         block_size: int,
         chunk_tokens: int,
         hash_tokens: Callable[[Any, Sequence[int]], Any],
+        strict: bool = True,
     ) -> None:
-        """`hash_tokens(parent, tokens)` is the engines' block hash (as a router configures it)."""
+        """`hash_tokens(parent, tokens)` is the engines' block hash (as a router configures it).
+        `strict`: a withdrawal of a block the tier never announced fails (a router ignores it)."""
+        self.strict = strict
         self.block_size = block_size
         self.blocks_per_chunk = chunk_tokens // block_size
         self.hash_tokens = hash_tokens
@@ -110,16 +115,30 @@ class KVRouter:
                 continue
             hashes = event["block_hashes"]
             index = self._index(instance, event)
+            shared = event.get("locality") == "REMOTE"
             if kind == "BlockStored":
                 self._check_tokens(event)
-                index.update(hashes)
-            else:
+                if shared:  # a block of a shared tier is there or not, whoever announced it
+                    index.update({h: 1 for h in hashes if h not in index})
+                else:
+                    index.update(hashes)
+            elif shared:
                 assert kind == "BlockRemoved", event
                 for h in hashes:
+                    index.pop(h, None)
+            else:
+                assert kind == "BlockRemoved", event
+                # A tier whose every removal its engine sees (the CPU tier, a node's disk)
+                # withdraws only what it announced, as it announced it.
+                strict = (
+                    self.strict and index is not instance.gpu and event.get("locality") != "REMOTE"
+                )
+                for h in hashes:
+                    assert not strict or index[h] > 0, f"{instance.name}: never announced: {event}"
                     if index[h] > 1:
                         index[h] -= 1
                     else:
-                        index.pop(h, None)  # one never announced is ignored
+                        index.pop(h, None)
 
     def _index(self, instance: Instance, event: dict[str, Any]) -> Counter[Any]:
         medium = event.get("medium") or "GPU"

@@ -6,7 +6,6 @@ request predicts the tokens it will find; the request then runs alone and vLLM r
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +42,8 @@ def run_routed(llm: Any, spec: dict[str, Any], params: Any, settle: Any) -> list
     publisher = llm.llm_engine.engine_core.engine_core.scheduler.kv_event_publisher
     results = []
     with router(block_size, chunk_tokens, hash_tokens) as kv:
+        # What the PUB socket sends before the subscription reaches it comes by replay.
         kv.connect(Instance("engine", events.endpoint, events.replay_endpoint))
-        time.sleep(0.2)  # the subscription reaches the publisher (the rest comes by replay)
         for index in spec["routed"]:
             tokens = spec["prompts"][index]
             publisher._event_queue.join()

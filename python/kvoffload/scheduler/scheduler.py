@@ -110,6 +110,7 @@ class OffloadScheduler:
                 medium=link.medium,
                 locality=link.locality,
                 writable=link.writable,
+                sees_evictions=link.sees_evictions,
                 tier=i,
                 job_ids=job_ids,
                 share=len(secondary_tiers),

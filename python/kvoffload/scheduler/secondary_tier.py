@@ -40,6 +40,8 @@ class TierLink:
     medium: str = "STORAGE"
     writable: bool = True
     """False: a tier only read from (a directory shipped read-only): nothing is written to it."""
+    sees_evictions: bool = True
+    """Its workers report what their eviction removed (a disk does; Redis evicts unseen)."""
 
 
 @dataclass
@@ -79,6 +81,7 @@ class SecondaryTier:
         medium: str = "STORAGE",
         locality: str = "REMOTE",
         writable: bool = True,
+        sees_evictions: bool = True,
         max_cascade_slots: int | None = None,
         tier: int = 0,
         job_ids: Iterator[int] | None = None,
@@ -107,9 +110,10 @@ class SecondaryTier:
         self._new_cascades: list[TierJob] = []
         # Recorded only where the store records its own (nobody drains them otherwise).
         self._events: list[StoreEvent] | None = [] if store.enable_events else None
-        self._announced: Announced[bytes] = Announced()
-        self._gone: set[bytes] = set()
-        """Evicted while a write of theirs was still out: not in the tier when it ends."""
+        # Its KV events follow each chunk where this engine sees all that happens to it.
+        self._announced: Announced[bytes] = Announced(locality == "LOCAL" and sees_evictions)
+        self._told_missing: dict[str, bytes] = {}
+        """Request -> the key its lookups last found absent (withdrawn once, not per step)."""
 
     @property
     def max_cascade_slots(self) -> int:
@@ -133,6 +137,8 @@ class SecondaryTier:
             return False  # a miss at once, not a step's wait for a check that fails anyway
         found, waiting = self.lookups.lookup_prefix(keys.view(start, end), request_id)
         self._stats.secondary_lookups += 1
+        if self._events is not None and not waiting and start + found < end:
+            self._found_missing(request_id, keys[start + found])
         if not found:
             return waiting
         # The CPU prefix is part of the batch so that making room never evicts it.
@@ -161,6 +167,7 @@ class SecondaryTier:
             self._stats.secondary_chunks_promoted += len(job.keys)
             for tier in self.above:
                 tier.stored(job.keys)
+            self._found(job.keys)
             return
         keys = job.keys.to_list()
         arrived = [k for k, good in zip(keys, job.ok, strict=True) if good]
@@ -169,12 +176,12 @@ class SecondaryTier:
             self.store.complete_store(arrived, True)
             for tier in self.above:
                 tier.stored(KeyList(arrived))
+            self._found(KeyList(arrived))
         if failed:
             self.store.complete_store(failed, False)
             self.lookups.mark_miss(failed)
-            # This engine treats them as gone from the tier (a miss for a while): say so. A
-            # shared tier's chunks were announced by whichever replica wrote them.
-            self._event("removed", failed, announced_elsewhere=self.locality == "REMOTE")
+            # This engine treats them as gone from the tier (a miss for a while): say so.
+            self._event("removed", failed)
         self._stats.secondary_chunks_promoted += len(arrived)
         self._stats.secondary_chunks_failed += len(failed)
 
@@ -215,10 +222,9 @@ class SecondaryTier:
         if not job.ok.all():
             keys = job.keys.to_list()
             written_on = [k for k, good in zip(keys, job.ok, strict=True) if good]
-        if self._gone:
-            written_on = [k for k in written_on if k not in self._gone]
-            if not self._cascades:
-                self._gone.clear()
+        gone = self._announced.take_gone(job_id)
+        if gone:
+            written_on = [k for k in written_on if k not in gone]
         self.lookups.mark_stored(written_on)
         if self._events is not None:
             self._event("stored", list(written_on))
@@ -232,9 +238,25 @@ class SecondaryTier:
         if not keys:
             return
         self.lookups.forget(keys)
-        if self._cascades:
-            self._gone.update(keys)
-        self._event("removed", keys)
+        if self._events is not None:
+            writing = ((job_id, job.keys.to_list()) for job_id, job in self._cascades.items())
+            withdrawn = self._announced.evicted(keys, writing)
+            if withdrawn:
+                self._events.append(StoreEvent("removed", withdrawn))
+
+    def _found_missing(self, request_id: str, key: bytes) -> None:
+        """A lookup found `key` absent. A tier that evicts unseen may hold it in a router's
+        index (announced by any replica): withdrawn, once per request."""
+        if self._announced.tracked or self._told_missing.get(request_id) == key:
+            return
+        self._told_missing[request_id] = key
+        self._event("removed", [key])
+
+    def _found(self, keys: KeyList) -> None:
+        """A promotion found `keys` in the tier: announced if they were not (an earlier engine's
+        chunks, or ones withdrawn while the breaker was open)."""
+        if self._events is not None and self._announced.tracked:
+            self._event("stored", keys.to_list())
 
     def _drain_backlog(self) -> None:
         """Holds the backlog's next keys that are still ready, up to the budget, as one job."""
@@ -262,30 +284,30 @@ class SecondaryTier:
         return promotions, cascades
 
     def take_events(self) -> list[StoreEvent]:
-        """Oldest first (empty unless the store has `enable_events`), each chunk announced once
-        while it is in the tier: "stored" once every writer put it there, "removed" once a
-        promotion of it failed or a worker evicted it. While the tier's breaker is open (every
-        lookup a miss) all of it is withdrawn, and announced again when it closes."""
+        """Oldest first (empty unless the store has `enable_events`): "stored" once every writer
+        put a chunk there (or a promotion found one not announced), "removed" once a promotion of
+        it failed, a worker evicted it, or the tier's breaker opened (see `Announced`)."""
         if self._events is None:
             return []
-        kind, keys = self._announced.breaker(self.lookups.down)
-        if keys:
-            self._events.append(StoreEvent(kind, keys))
+        withdrawn = self._announced.breaker(self.lookups.down)
+        if withdrawn:
+            self._events.append(StoreEvent("removed", withdrawn))
         events, self._events = self._events, []
         return events
 
-    def _event(self, kind: str, keys: list[bytes], *, announced_elsewhere: bool = False) -> None:
+    def _event(self, kind: str, keys: list[bytes]) -> None:
         if self._events is None or not keys:
             return
         if kind == "stored":
             keys = self._announced.stored(keys)
         else:
-            keys = self._announced.removed(keys, announced_elsewhere=announced_elsewhere)
+            keys = self._announced.removed(keys)
         if keys:
             self._events.append(StoreEvent(kind, keys))
 
     def finish_request(self, request_id: str) -> None:
         self.lookups.cleanup(request_id)
+        self._told_missing.pop(request_id, None)
 
     @property
     def has_work(self) -> bool:

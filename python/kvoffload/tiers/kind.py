@@ -114,6 +114,11 @@ class TierKind(Protocol):
         """The locality its entries default to ("LOCAL" or "REMOTE")."""
 
     @property
+    def sees_evictions(self) -> bool:
+        """Whether its data paths report what their eviction removes (`DataPath.take_evicted`):
+        then a `LOCAL` tier's KV events follow each chunk exactly (see `Announced`)."""
+
+    @property
     def report(self) -> Report | None:
         """Its per-place metrics, if it has any."""
 

@@ -18,6 +18,7 @@ _KINDS: dict[str, TierKind] = {}
 _MEMBERS = (
     "name",
     "locality",
+    "sees_evictions",
     "report",
     "parse",
     "check_shards",

@@ -193,7 +193,7 @@ impl Probes {
     }
 
     /// `keys` are there now (written through another handle): no verdict holds them.
-    pub fn forget(&mut self, keys: &[&[u8]]) {
+    pub fn clear_verdicts(&mut self, keys: &[&[u8]]) {
         if self.missing.is_empty() {
             return;
         }

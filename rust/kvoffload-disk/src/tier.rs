@@ -259,7 +259,7 @@ impl Tier {
             }
         }
         // A probe's verdict from before they were written is stale now.
-        self.sh.probes().forget(keys);
+        self.sh.probes().clear_verdicts(keys);
         evict(&self.sh);
     }
 

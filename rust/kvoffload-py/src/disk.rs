@@ -227,12 +227,13 @@ impl DiskTier {
         })
     }
 
-    /// Drops `keys` from the index, without I/O (a load through another handle missed them).
+    /// The keys whose files eviction removed since the last call (with `report_evictions`).
     fn take_evicted<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
         let keys = self.jobs().take_evicted();
         keys.iter().map(|k| PyBytes::new(py, k)).collect()
     }
 
+    /// Drops `keys` from the index with no hold (another handle evicted them).
     fn forget(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         KeyArg::extract(keys)?.run(py, |k| {
             self.jobs().forget(k);
@@ -240,6 +241,7 @@ impl DiskTier {
         })
     }
 
+    /// Drops `keys` from the index, without I/O (a load through another handle missed them).
     fn note_missing(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         KeyArg::extract(keys)?.run(py, |k| {
             self.jobs().note_missing(k);

@@ -147,6 +147,7 @@ class MemoryDataPath:
 class MemoryKind:
     name = "MemoryTier"
     locality = "LOCAL"
+    sees_evictions = True  # it never evicts
     report = None
 
     def parse(self, entry: Mapping[str, Any]) -> MemoryTierConfig:

@@ -35,7 +35,9 @@ def test_register_refuses_a_kind_it_cannot_use(monkeypatch):
         def parse(self, entry):
             return entry
 
-    with pytest.raises(TypeError, match=r"lacks check_shards, open_lookups, open_data_path, rep"):
+    with pytest.raises(
+        TypeError, match=r"lacks sees_evictions, check_shards, open_lookups, open_data_path, rep"
+    ):
         registry.register(Half())
     with pytest.raises(ValueError, match="'RedisTier' is registered already"):
         registry.register(type("Twin", (memory_kind.MemoryKind,), {"name": "RedisTier"})())

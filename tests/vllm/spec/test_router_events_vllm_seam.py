@@ -10,10 +10,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from rig import make_rig, prompt
 from router_rig import Fleet, publishing, workload
 from tiering_rig import make_tiering_rig
 
+from kvoffload import ConfigError
 from kvoffload.tiers.disk import file_bytes
 
 CHUNK_BYTES = 6144
@@ -77,3 +79,14 @@ def test_our_disk_tier_behind_vllms_cpu_tier(model_dir, tmp_path: Path, kv_route
     assert removed and {e["ownership"] for e in removed} == {disk.ownership}
     assert {e["locality"] for e in removed} == {"LOCAL"}
     assert kv_router.medium_blocks("a", "STORAGE", disk.ownership) <= 20 * 3
+
+
+def test_a_bad_value_stops_start_up_here_too(model_dir):
+    # vLLM reads the key with bool(): "false" would turn it on.
+    with pytest.raises(ConfigError, match="self_describing_kv_events='false' is invalid"):
+        make_rig(model_dir, connector="spec", extra={"self_describing_kv_events": "false"})
+
+
+def test_the_option_without_vllms_kv_events_says_nothing_is_published(model_dir, caplog):
+    make_rig(model_dir, extra={"self_describing_kv_events": True})
+    assert "self_describing_kv_events is on but vLLM's KV events are off" in caplog.text

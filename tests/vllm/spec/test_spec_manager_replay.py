@@ -155,6 +155,7 @@ def replay(seed: int, policy: str, num_chunks: int, steps: int) -> dict[str, int
                 if not active:
                     break
             elif op >= 0.99:
+                ready = {k for k in all_keys if ours.lookup(k, None) is LookupResult.HIT}
                 # vLLM completes no job from before a reset: drop them here too.
                 for m in managers:
                     m.reset_cache()
@@ -162,6 +163,13 @@ def replay(seed: int, policy: str, num_chunks: int, steps: int) -> dict[str, int
                 for r in active:
                     r.loads.clear()
                 counts["resets"] += 1
+                # One difference: ours withdraws what was ready (for routers; vLLM's manager
+                # leaves that to the GPU cache's AllBlocksCleared, which routers read as the
+                # GPU's alone).
+                withdrawn = events(ours)
+                assert {k for keys, removed, _ in withdrawn for k in keys} == ready
+                assert all(removed for _, removed, _ in withdrawn)
+                assert events(theirs) == []
             if exact:
                 assert events(theirs) == events(ours)
                 assert theirs.get_stats().data == ours.get_stats().data

@@ -18,6 +18,7 @@ _UNBOUNDED = 1 << 60
 class DiskKind:
     name = "DiskTier"
     locality = "LOCAL"
+    sees_evictions = True
     report = Report("disk_tiers", "kvoffload_disk_", "path", DISK_COUNTERS, DISK_GAUGES)
 
     def parse(self, entry: Mapping[str, Any]) -> DiskTierConfig:

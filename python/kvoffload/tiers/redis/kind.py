@@ -41,6 +41,7 @@ class SchedulerRedisLookups(RedisLookups):
 class RedisKind:
     name = "RedisTier"
     locality = "REMOTE"
+    sees_evictions = False  # the server evicts on its own
     report = Report(
         "redis_nodes",
         "kvoffload_redis_node_",

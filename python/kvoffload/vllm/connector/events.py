@@ -62,13 +62,22 @@ class KVEvents:
         self._blocks_per_chunk = config.blocks_per_chunk
         self._places: list[tuple[str, str | None, str | None]] = [("CPU", None, None)]
         self._places += [("STORAGE", t.locality, t.ownership) for t in settings.tiers]
+        # Where a chunk's tokens are kept until its withdrawal: the places whose every removal
+        # this engine sees (the CPU tier, a node's own disk). A shared tier's removals are found
+        # by whichever replica loads the chunk, whenever: its chunks are described while some
+        # tracked place or a request at hand has their tokens.
+        self._tracked = [True] + [
+            t.locality == "LOCAL" and t.kind.sees_evictions for t in settings.tiers
+        ]
         self._full = frozenset(i for i, g in enumerate(settings.groups) if g.kind == "full")
         self._specs = settings.group_specs
         self._convert = hash_converter()
         self._chunks: dict[bytes, _Chunk] = {}
         """Chunks some tier announced (or will: `_planned`), by key."""
         self._planned: dict[int, list[bytes]] = {}
-        """Store job -> the keys it snapshotted that no tier has announced yet."""
+        """Store job -> the keys it will store: their snapshots are kept until it ends."""
+        self._pins: dict[bytes, int] = {}
+        """Key -> the store jobs planned for it that have not ended."""
         self._ended: list[int] = []
         self._watched: dict[str, Request] = {}
         """Requests waiting on a promotion: the chunks it brings are theirs."""
@@ -79,18 +88,22 @@ class KVEvents:
 
     def record_stores(self, jobs: Iterable[StoreJob], requests: Mapping[str, Request]) -> None:
         """Snapshots the chunks `jobs` store, from their requests."""
-        chunks = self._chunks
+        chunks, pins = self._chunks, self._pins
         for job in jobs:
             request = requests.get(job.request_id)
             if request is None:
                 continue
-            new = []
+            planned = []
             for key, index in zip(job.keys.to_list(), job.chunk_indices.tolist(), strict=True):
-                if key not in chunks and (chunk := self._snapshot(request, key, index)):
+                if key not in chunks:
+                    chunk = self._snapshot(request, key, index)
+                    if chunk is None:
+                        continue
                     chunks[key] = chunk
-                    new.append(key)
-            if new:
-                self._planned[job.job_id] = new
+                planned.append(key)
+                pins[key] = pins.get(key, 0) + 1
+            if planned:
+                self._planned[job.job_id] = planned
 
     def job_ended(self, job_id: int) -> None:
         """A store job ended: what it snapshotted and no tier announced is dropped once this
@@ -125,6 +138,17 @@ class KVEvents:
             group=group,
         )
 
+    def _described(self, key: bytes, left: list[bytes]) -> _Chunk | None:
+        """The chunk's snapshot: kept, or taken from a request waiting on it (then kept until
+        this step's events are out, or while a tracked place holds it)."""
+        chunk = self._chunks.get(key)
+        if chunk is None and self._watched:
+            chunk = self._from_watched(key)
+            if chunk is not None:
+                self._chunks[key] = chunk
+                left.append(key)
+        return chunk
+
     def _from_watched(self, key: bytes) -> _Chunk | None:
         """The snapshot of a promoted chunk, from a request waiting on it."""
         if self._watch_index is None:
@@ -147,40 +171,45 @@ class KVEvents:
                 yield from _legacy(events, medium, locality, self._convert)
             return
         left: list[bytes] = []
-        for place, events in tiers:
-            for event in events:
-                if event.kind == "stored":
-                    yield from self._stored(place, event.keys)
-                else:
-                    yield from self._removed(place, event.keys, left)
-        # Dropped only now: a chunk the CPU tier evicted may be announced by a tier further down
-        # in the same step.
-        chunks = self._chunks
-        for key in left:
-            chunk = chunks.get(key)
-            if chunk is not None and not chunk.places:
-                del chunks[key]
+        try:
+            for place, events in tiers:
+                for event in events:
+                    if event.kind == "stored":
+                        yield from self._stored(place, event.keys, left)
+                    else:
+                        yield from self._removed(place, event.keys, left)
+        finally:
+            self._settle(left)
+
+    def _settle(self, left: list[bytes]) -> None:
+        """Drops the snapshots no place holds and no planned store needs, once the step's
+        events are out: a chunk the CPU tier evicted may be announced by a tier further down in
+        the same step."""
+        chunks, pins = self._chunks, self._pins
         for job_id in self._ended:
             for key in self._planned.pop(job_id, ()):
-                chunk = chunks.get(key)
-                if chunk is not None and not chunk.places:
-                    del chunks[key]
+                n = pins.pop(key) - 1
+                if n:
+                    pins[key] = n
+                else:
+                    left.append(key)
+        for key in left:
+            chunk = chunks.get(key)
+            if chunk is not None and not chunk.places and key not in pins:
+                del chunks[key]
         self._ended = []
         self._watch_index = None
 
-    def _stored(self, place: int, keys: list[bytes]) -> Iterator[KVCacheEvent]:
+    def _stored(self, place: int, keys: list[bytes], left: list[bytes]) -> Iterator[KVCacheEvent]:
         medium, locality, ownership = self._places[place]
-        bit = 1 << place
-        chunks = self._chunks
+        bit = 1 << place if self._tracked[place] else 0
         for key in keys:
-            chunk = chunks.get(key)
-            if chunk is None and self._watched:
-                chunk = self._from_watched(key)
-                if chunk is not None:
-                    chunks[key] = chunk
+            chunk = self._described(key, left)
             if chunk is None:
                 yield self._placeholder(key, medium, locality, ownership)
                 continue
+            if chunk.places & bit:
+                continue  # announced there already (routers count each announcement)
             chunk.places |= bit
             kind, window = self._spec(chunk.group)
             yield BlockStored(
@@ -200,10 +229,17 @@ class KVEvents:
 
     def _removed(self, place: int, keys: list[bytes], left: list[bytes]) -> Iterator[KVCacheEvent]:
         medium, locality, ownership = self._places[place]
-        bit = 1 << place
+        tracked, bit = self._tracked[place], 1 << place
         by_group: dict[int, list[Any]] = {}
         for key in keys:
+            # Withdrawn in the form it was announced: a tracked place's chunk with its blocks
+            # if it was described there; a shared tier's (announced by any replica) whenever
+            # its tokens are at hand.
             chunk = self._chunks.get(key)
+            if tracked and chunk is not None and not chunk.places & bit:
+                chunk = None
+            elif not tracked and chunk is None:
+                chunk = self._described(key, left)
             if chunk is None:
                 group = int.from_bytes(key[-GROUP_SUFFIX:], "big")
                 by_group.setdefault(group, []).append(self._convert(key[:-GROUP_SUFFIX]))

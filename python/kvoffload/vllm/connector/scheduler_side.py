@@ -55,7 +55,12 @@ class SchedulerSide:
             self.shutdown()  # closes the tiers opened before the one that failed
             raise
         links = [
-            TierLink(lookups, tier.locality, writable=not tier.config.read_only)
+            TierLink(
+                lookups,
+                tier.locality,
+                writable=not tier.config.read_only,
+                sees_evictions=tier.kind.sees_evictions,
+            )
             for lookups, tier in zip(self.tier_lookups, settings.tiers, strict=True)
         ]
         self.scheduler = OffloadScheduler.create(

@@ -3,8 +3,10 @@ every worker so that both agree on the number of CPU-tier slots."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvoffload.errors import ConfigError, NotSupportedError
 from kvoffload.scheduler import KVGroup, OffloadConfig
@@ -14,6 +16,8 @@ from kvoffload.vllm.pinning import Pinning
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,11 +78,8 @@ class ConnectorSettings:
         spec = groups[0].kv_cache_spec
         extra = dict(transfer.kv_connector_extra_config or {})
         raw_tiers = extra.pop("secondary_tiers", None)
-        self_describing = extra.pop("self_describing_kv_events", False)
-        if type(self_describing) is not bool:
-            raise ConfigError(
-                f"self_describing_kv_events={self_describing!r} is invalid; allowed: true or false"
-            )
+        self_describing = self_describing_events(extra, vllm_config.kv_events_config)
+        extra.pop("self_describing_kv_events", None)
         entries = [] if raw_tiers is None else parse_entries(raw_tiers)
         if entries and len(kv_groups) > 1:
             raise NotSupportedError(
@@ -276,3 +277,18 @@ def kv_groups_of(kv_cache_config: KVCacheConfig) -> tuple[KVGroup, ...]:
             "prefix_match_unit"
         )
     return tuple(out)
+
+
+def self_describing_events(extra: Mapping[str, Any], events: Any) -> bool:
+    """`self_describing_kv_events` from `kv_connector_extra_config` (both seams read it), or a
+    `ConfigError`. `events` (vLLM's `KVEventsConfig`, or its offloading config, which says the
+    same): with vLLM's KV events off nothing is published, which is worth a warning."""
+    value = extra.get("self_describing_kv_events", False)
+    if type(value) is not bool:
+        raise ConfigError(f"self_describing_kv_events={value!r} is invalid; allowed: true or false")
+    if value and not (events is not None and events.enable_kv_cache_events):
+        logger.warning(
+            "kvoffload: self_describing_kv_events is on but vLLM's KV events are off "
+            "(--kv-events-config '{\"enable_kv_cache_events\": true, ...}'): nothing is published"
+        )
+    return bool(value)

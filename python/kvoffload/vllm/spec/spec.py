@@ -25,6 +25,7 @@ from kvoffload.errors import ConfigError, NotSupportedError
 from kvoffload.scheduler import OffloadConfig
 from kvoffload.transfer.progress import PoolProgress
 from kvoffload.vllm.compat import cpu_config_info, cpu_config_info_keys
+from kvoffload.vllm.connector.settings import self_describing_events
 from kvoffload.vllm.logs import log_beside_vllm
 from kvoffload.vllm.pinning import Pinning
 from kvoffload.vllm.spec.manager import KVOffloadManager
@@ -84,6 +85,8 @@ class KVOffloadSpec(OffloadingSpec):
                 " tokens)"
             )
         _check_unsupported(extra, config)
+        # vLLM reads it with bool(): "false" would turn it on.
+        self_describing_events(extra, config)
         # Off by default here: the workers' progress reaches the manager through a file on this
         # host, so every worker must run beside the scheduler (no multi-node, no
         # external_launcher) under an engine_id of its own.

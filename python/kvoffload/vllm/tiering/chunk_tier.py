@@ -84,7 +84,9 @@ class ChunkTier(SecondaryTierManager):
             self._events = []
         self.ownership = ownership(self.kind.name, self.config.where, self._digest)
         """The tier's name in its KV events (one per tier of a chain, one per shared tier)."""
-        self._announced: Announced[OffloadKey] = Announced()
+        self._announced: Announced[OffloadKey] = Announced(
+            self.locality == Locality.LOCAL and self.kind.sees_evictions
+        )
         self._warned_at = -_WARN_EVERY_S
         self._failed_since_warning = 0
         self._open()
@@ -134,7 +136,14 @@ class ChunkTier(SecondaryTierManager):
     def get_finished_jobs(self) -> Iterable[JobResult]:
         self._collect(self._client.poll())
         # Drained every step, events or not (the data path keeps them until asked).
-        self._event([OffloadKey(k) for k in self._client.take_evicted()], removed=True)
+        evicted = [OffloadKey(k) for k in self._client.take_evicted()]
+        if evicted and self._events is not None:
+            writing = (
+                (rust_job, job.keys)
+                for rust_job, (job, _) in self._jobs.items()
+                if not job.is_promotion
+            )
+            self._announce(self._announced.evicted(evicted, writing), removed=True)
         done, self._pending = self._pending, []
         return done
 
@@ -151,7 +160,8 @@ class ChunkTier(SecondaryTierManager):
                 _DRAIN_ROUNDS,
                 self._drain_timeout(),
             )
-            for job, _ in self._jobs.values():
+            for rust_job, (job, _) in self._jobs.items():
+                self._announced.take_gone(rust_job)
                 self._pending.append(JobResult(job_id=job.job_id, success=False))
             self._jobs.clear()
 
@@ -174,12 +184,15 @@ class ChunkTier(SecondaryTierManager):
             if job.is_promotion:
                 self._pending.append(self._load_result(job, keys, statuses, now - started))
             else:
-                self._pending.append(self._store_result(job, keys, statuses, now - started))
+                gone = self._announced.take_gone(rust_job)
+                self._pending.append(self._store_result(job, keys, statuses, now - started, gone))
 
     def _load_result(
         self, job: TransferJob, keys: list[OffloadKey], statuses: bytes, took: float
     ) -> JobResult:
         loaded = [k for k, s in zip(keys, statuses, strict=True) if s == OK]
+        if self._announced.tracked:
+            self._event(loaded, removed=False)  # found here: an earlier engine's, or withdrawn
         if len(loaded) == len(keys):
             return JobResult(
                 job.job_id,
@@ -205,56 +218,50 @@ class ChunkTier(SecondaryTierManager):
         raise NotImplementedError
 
     def _store_result(
-        self, job: TransferJob, keys: list[OffloadKey], statuses: bytes, took: float
+        self,
+        job: TransferJob,
+        keys: list[OffloadKey],
+        statuses: bytes,
+        took: float,
+        gone: set[OffloadKey],
     ) -> JobResult:
+        """`gone`: its keys this tier evicted before the job was collected."""
         stored = sum(s in (OK, EXISTS) for s in statuses)
         success = stored == len(keys)
         if success:
-            self._event(keys, removed=False)
+            self._event([k for k in keys if k not in gone] if gone else keys, removed=False)
         return JobResult(
             job.job_id, success, transfer_time=took, transfer_bytes=stored * self.block_size_bytes
         )
 
     def _event(self, keys: list[OffloadKey], *, removed: bool) -> None:
-        """Each chunk announced once while the tier holds it, withdrawn once (see `Announced`):
-        a shared tier's removal is announced whoever wrote the chunk."""
+        """Each chunk announced and withdrawn as `Announced` says."""
         if self._events is None or not keys:
             return
-        shared = self.locality == Locality.REMOTE
-        if removed:
-            keys = self._announced.removed(keys, announced_elsewhere=shared)
-        else:
-            keys = self._announced.stored(keys)
-        if keys:
-            self._events.append(
-                OffloadingEvent(
-                    keys=keys,
-                    medium=self.medium,
-                    removed=removed,
-                    locality=self.locality,
-                    ownership=self.ownership,
-                    # vLLM keeps a chunk's tokens until its removal only where one will come:
-                    # a local tier's evictions are seen, a shared tier's are not.
-                    removal_expected=not shared,
-                )
+        announced = self._announced
+        self._announce(announced.removed(keys) if removed else announced.stored(keys), removed)
+
+    def _announce(self, keys: list[OffloadKey], removed: bool) -> None:
+        if self._events is None or not keys:
+            return
+        self._events.append(
+            OffloadingEvent(
+                keys=keys,
+                medium=self.medium,
+                removed=removed,
+                locality=self.locality,
+                ownership=self.ownership,
+                # vLLM's tracker keeps a chunk's tokens until its removal only where one comes.
+                removal_expected=self._announced.tracked,
             )
+        )
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self._events is None:
             return ()
-        # An open breaker withdraws what the tier announced (vLLM's connector no longer holds
-        # their tokens to announce them again: they come back as they are stored again).
-        _, keys = self._announced.breaker(self._client.state == "down", announce_again=False)
-        if keys:
-            self._events.append(
-                OffloadingEvent(
-                    keys=keys,
-                    medium=self.medium,
-                    removed=True,
-                    locality=self.locality,
-                    ownership=self.ownership,
-                )
-            )
+        # An open breaker withdraws what the tier announced; they come back as they are stored
+        # or found again.
+        self._announce(self._announced.breaker(self._client.state == "down"), removed=True)
         events, self._events = self._events, []
         return events
 
