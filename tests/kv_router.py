@@ -181,6 +181,33 @@ class KVRouter:
         return len(counter)
 
 
+class PromptHasher:
+    """vLLM's block hashes of a prompt, as its events carry them: what a router computes from a
+    request's tokens (`hash_fn`: the engine's `--prefix-caching-hash-algo`)."""
+
+    def __init__(self, block_size: int, hash_fn: Callable[[Any], bytes]) -> None:
+        from vllm.v1.core.kv_cache_utils import hash_block_tokens, maybe_convert_block_hash
+
+        self.block_size = block_size
+        self._hash_fn = hash_fn
+        self._hash_block, self._convert = hash_block_tokens, maybe_convert_block_hash
+        self._known: dict[Any, bytes] = {}
+        """Event-form hash -> vLLM's hash bytes, for every block hashed here."""
+
+    def __call__(self, parent: Any, tokens: Sequence[int]) -> Any:
+        """The block hash of `tokens` after `parent` (both as the events carry them)."""
+        h = self._hash_block(self._hash_fn, None if parent is None else self._known[parent], tokens)
+        self._known[self._convert(h)] = h
+        return self._convert(h)
+
+    def prompt(self, tokens: Sequence[int]) -> list[Any]:
+        out, parent, size = [], None, self.block_size
+        for i in range(len(tokens) // size):
+            parent = self(parent, tokens[i * size : (i + 1) * size])
+            out.append(parent)
+        return out
+
+
 def _run(hashes: Sequence[Any], indexes: list[Counter[Any]]) -> int:
     n = 0
     for h in hashes:

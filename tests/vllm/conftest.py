@@ -49,9 +49,9 @@ def any_seam(request: pytest.FixtureRequest) -> str:
 def kv_router() -> Iterator[Any]:
     """A router subscribed to nothing yet (`kv_router.KVRouter`), hashing as the rig does."""
     from rig import TPB, TPC
-    from router_rig import hash_tokens
+    from router_rig import HASHER
 
     from kv_router import router
 
-    with router(TPB, TPC, hash_tokens) as kv:
+    with router(TPB, TPC, HASHER) as kv:
         yield kv

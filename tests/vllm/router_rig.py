@@ -11,27 +11,11 @@ from typing import Any
 from rig import TPB, Rig, prompt
 from vllm.config import KVEventsConfig
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import hash_block_tokens, maybe_convert_block_hash
 
-from kv_router import Instance, KVRouter
+from kv_router import Instance, KVRouter, PromptHasher
 
-_known: dict[Any, bytes] = {}
-"""Event-form block hash -> vLLM's hash bytes, for every block the tests hashed."""
-
-
-def hash_tokens(parent: Any, tokens: list[int]) -> Any:
-    """vLLM's block hash of `tokens` after `parent` (both as the events carry them)."""
-    h = hash_block_tokens(sha256, None if parent is None else _known[parent], tokens)
-    _known[maybe_convert_block_hash(h)] = h
-    return maybe_convert_block_hash(h)
-
-
-def block_hashes(tokens: list[int]) -> list[Any]:
-    out, parent = [], None
-    for i in range(len(tokens) // TPB):
-        parent = hash_tokens(parent, tokens[i * TPB : (i + 1) * TPB])
-        out.append(parent)
-    return out
+HASHER = PromptHasher(TPB, sha256)
+"""The rig's block hashes, as a router computes them from a prompt."""
 
 
 def publishing(where: Path, name: str) -> tuple[KVEventsConfig, Instance]:
@@ -63,7 +47,7 @@ class Fleet:
     def serve(self, name: str, rid: str, tokens: list[int]) -> tuple[int, int]:
         rig = self.engines[name]
         self.catch_up()
-        predicted = self.kv.predict(name, block_hashes(tokens), len(tokens))
+        predicted = self.kv.predict(name, HASHER.prompt(tokens), len(tokens))
         rig.add(rid, tokens, 2)
         rig.run(max_steps=50_000)
         reported = rig.local_hits.get(rid, 0) + rig.external_hits.get(rid, 0)

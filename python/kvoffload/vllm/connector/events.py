@@ -262,25 +262,39 @@ class KVEvents:
     def _placeholder(
         self, key: bytes, medium: str, locality: str | None, ownership: str | None
     ) -> BlockStored:
-        """A chunk whose tokens are not known here (stored by an earlier engine, or a window
-        group's): its last block's hash alone, as vLLM's placeholder, which no router matches a
+        """A chunk no snapshot describes (a window or Mamba group's, or one no request at hand
+        told of): its last block's hash alone, as vLLM's placeholder, which no router matches a
         prompt through."""
         group = int.from_bytes(key[-GROUP_SUFFIX:], "big")
         kind, window = self._spec(group)
-        return BlockStored(
-            block_hashes=[self._convert(key[:-GROUP_SUFFIX])],
-            parent_block_hash=None,
-            token_ids=[],
-            block_size=0,
-            lora_id=None,
-            medium=medium,
-            lora_name=None,
-            group_idx=group,
+        return _bare_stored(
+            [self._convert(key[:-GROUP_SUFFIX])],
+            group,
+            medium,
+            locality,
             kv_cache_spec_kind=kind,
             kv_cache_spec_sliding_window=window,
-            locality=locality,
             ownership=ownership,
         )
+
+
+def _bare_stored(
+    hashes: list[Any], group: int, medium: str, locality: str | None, **described: Any
+) -> BlockStored:
+    """A store of block hashes with no tokens: vLLM's placeholder, and every store without
+    `self_describing_kv_events`."""
+    return BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=None,
+        token_ids=[],
+        block_size=0,
+        lora_id=None,
+        medium=medium,
+        lora_name=None,
+        group_idx=group,
+        locality=locality,
+        **described,
+    )
 
 
 def _legacy(
@@ -297,17 +311,7 @@ def _legacy(
             by_group.setdefault(group, []).append(convert(k[:-GROUP_SUFFIX]))
         for group, hashes in sorted(by_group.items()):
             if event.kind == "stored":
-                yield BlockStored(
-                    block_hashes=hashes,
-                    parent_block_hash=None,
-                    token_ids=[],
-                    block_size=0,
-                    lora_id=None,
-                    medium=medium,
-                    lora_name=None,
-                    group_idx=group,
-                    locality=locality,
-                )
+                yield _bare_stored(hashes, group, medium, locality)
             else:
                 yield BlockRemoved(
                     block_hashes=hashes, medium=medium, group_idx=group, locality=locality
