@@ -286,7 +286,8 @@ class SecondaryTier:
     def take_events(self) -> list[StoreEvent]:
         """Oldest first (empty unless the store has `enable_events`): "stored" once every writer
         put a chunk there (or a promotion found one not announced), "removed" once a promotion of
-        it failed, a worker evicted it, or the tier's breaker opened (see `Announced`)."""
+        it failed, a lookup found it absent (a shared tier), a worker evicted it, or the tier's
+        breaker opened (see `Announced`)."""
         if self._events is None:
             return []
         withdrawn = self._announced.breaker(self.lookups.down)
