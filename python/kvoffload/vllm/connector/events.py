@@ -6,7 +6,9 @@ Without `self_describing_kv_events` a chunk is announced as it always was: its k
 of the chunk's blocks, its parent block's hash, its tokens and the block size, and a
 `BlockRemoved` of the same hashes when it leaves, each with the tier's medium, locality and
 ownership. A chunk's tokens and hashes are read from its request when its store is planned, or
-when a lookup waits on a promotion, and kept while some tier holds it.
+when a lookup waits on a promotion, and kept while a tier whose every removal this engine sees
+(the CPU tier, a node's disk) holds it; a shared tier's chunks are described while some such
+tier, or a request at hand, has them (see `kvoffload.tiers.announced`).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class _Chunk:
     lora_name: str | None
     group: int
     places: int = 0
-    """Which tiers announced it and have not withdrawn it (bit `p` for place `p`)."""
+    """The tracked places that announced it with its blocks and have not withdrawn it (bit `p`
+    for place `p`)."""
 
 
 class KVEvents:
