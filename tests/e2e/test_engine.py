@@ -232,6 +232,21 @@ def test_secondary_tier_second_engine(
     check_kv(second, counters["vllm:external_prefix_cache_hits"])
 
 
+def test_the_connector_by_name_alone(
+    run_engine: RunEngine, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    """`"kv_connector": "KVOffloadConnector"` with no module path: the engine loads our plugin
+    (the package's `vllm.general_plugins` entry point) at start-up and finds it."""
+    config = ours()
+    del config["kv_connector_module_path"]
+    short = prompts[6:]
+    result = run_engine(short, kv_transfer_config=config)
+    first, second = result["passes"]
+    check_pass(first, reference[6:], None)
+    counters = check_pass(second, reference[6:], whole_chunks(short, BLOCK_SIZE))
+    assert counters["vllm:kvoffload_hit_tokens"] == sum(whole_chunks(short, BLOCK_SIZE)) > 0
+
+
 @SEAMS
 def test_tier_smaller_than_a_prompt(
     run_engine: RunEngine, prompts: list[list[int]], reference: list[list[int]], connector: Any
