@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvoffload.errors import ConfigError, NotSupportedError
+from kvoffload.sizes import size_value
 from kvoffload.store import MAX_SLOTS, POLICY_NAMES
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class OffloadConfig:
         tokens_per_block = _int(extra_config, "tokens_per_block", 1)
         if tokens_per_block is None:
             raise ConfigError("tokens_per_block is required (the engine's GPU block size)")
-        cpu_bytes = extra_config.get("cpu_bytes_to_use")
+        cpu_bytes = size_value("cpu_bytes_to_use", extra_config.get("cpu_bytes_to_use"))
         if isinstance(cpu_bytes, float) and cpu_bytes.is_integer():
             cpu_bytes = int(cpu_bytes)  # JSON configs often say 1e10
         cpu_bytes = _int({"cpu_bytes_to_use": cpu_bytes}, "cpu_bytes_to_use", 1)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from kvoffload.errors import ConfigError
+from kvoffload.sizes import size_value
 from kvoffload.transfer import TransferEngine
 from kvoffload.transfer.pool import MAX_PIECE_BYTES, NumaBindError
 
@@ -42,7 +43,7 @@ class Pinning:
                 f"pin_in_background={in_background!r} ({type(in_background).__name__}) is "
                 "invalid: expected true or false"
             )
-        piece_bytes = extra.pop("pin_piece_bytes", 1 << 30)
+        piece_bytes = size_value("pin_piece_bytes", extra.pop("pin_piece_bytes", 1 << 30))
         if type(piece_bytes) is not int or not 0 < piece_bytes <= MAX_PIECE_BYTES:
             raise ConfigError(
                 f"pin_piece_bytes={piece_bytes!r} ({type(piece_bytes).__name__}) is invalid: "

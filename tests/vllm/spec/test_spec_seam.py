@@ -47,7 +47,11 @@ def test_vllm_builds_our_manager_and_worker(model_dir):
     ("extra", "error", "match"),
     [
         ({"cpu_bytes_to_use": None}, ConfigError, "cpu_bytes_to_use is required"),
-        ({"cpu_bytes_to_use": "1e9"}, ConfigError, r"cpu_bytes_to_use='1e9' \(str\) is invalid"),
+        (
+            {"cpu_bytes_to_use": "1e9"},
+            ConfigError,
+            r"cpu_bytes_to_use='1e9' is invalid: expected an",
+        ),
         ({"eviction_policy": "fifo"}, ConfigError, "eviction_policy='fifo' is invalid"),
         ({"offload_prompt_only": "no"}, ConfigError, "offload_prompt_only='no'"),
         ({"cpu_bytes_to_use": 100}, ConfigError, "cpu_bytes_to_use=100 holds no chunk"),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvoffload.errors import ConfigError
+from kvoffload.sizes import with_sizes
 from kvoffload.tiers.checks import check_entry, namespace_of
 
 _DIRECT_IO = ("auto", "on", "off")
@@ -91,6 +92,7 @@ class DiskTierConfig:
                 f"DiskTier path={path!r} is invalid: it is required, the tier's directory (e.g. "
                 "'/mnt/nvme/kvoffload'; several engines may share one)"
             )
+        entry = with_sizes(entry, ("capacity_bytes", "max_store_bytes_in_flight"), "DiskTier ")
         capacity = entry.get("capacity_bytes")
         if type(capacity) is not int or capacity < 1:
             raise ConfigError(

@@ -10,6 +10,7 @@ from typing import Any
 
 from kvoffload._rust import mask_remote_url
 from kvoffload.errors import ConfigError
+from kvoffload.sizes import with_sizes
 from kvoffload.tiers.checks import check_entry, namespace_of
 
 logger = logging.getLogger(__name__)
@@ -156,7 +157,11 @@ class RedisTierConfig:
             breaker_cooldown_s=_number(entry, "breaker_cooldown_s", 2.0, 0.01, 600.0),
             ttl_s=None if ttl is None else _number(entry, "ttl_s", 0.0, 0.001, 10.0 * 365 * 86400),
             max_store_bytes_in_flight=_integer(
-                entry, "max_store_bytes_in_flight", 1 << 30, 1, 1 << 40
+                with_sizes(entry, ("max_store_bytes_in_flight",), "RedisTier "),
+                "max_store_bytes_in_flight",
+                1 << 30,
+                1,
+                1 << 40,
             ),
             touch_on_hit=_flag(entry, "touch_on_hit", True),
             enable_kv_events=_flag(entry, "enable_kv_events", False),
