@@ -58,3 +58,18 @@ def test_an_allowlist_without_it_leaves_it_out():
         "before: Unsupported connector type: KVOffloadConnector",
         "after: Unsupported connector type: KVOffloadConnector",
     ]
+
+
+def test_a_factory_it_cannot_use_stops_nothing(monkeypatch, caplog):
+    """Another vLLM's factory (a fake: the installed one takes the call) is one warning."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from kvoffload.vllm.plugin import register_connector
+
+    def changed(name: str) -> None:
+        raise TypeError("register_connector() missing 2 required positional arguments")
+
+    monkeypatch.setattr(KVConnectorFactory, "register_connector", changed)
+    register_connector()
+    assert "could not register KVOffloadConnector" in caplog.text
+    assert '"kv_connector_module_path": "kvoffload.vllm"' in caplog.text
