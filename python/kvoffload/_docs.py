@@ -16,7 +16,7 @@ def docs_root() -> str:
     except PackageNotFoundError:  # pragma: no cover - running from a source tree
         urls = []
     for entry in urls:
-        label, _, url = entry.partition(",")
+        label, _, url = str(entry).partition(",")
         if label.strip().lower() == "documentation" and url.strip():
             return url.strip().rstrip("/") + "/"
     return DEFAULT_DOCS_URL
