@@ -1,4 +1,6 @@
 # Hand-written stub for the PyO3 extension; `mypy.stubtest kvoffload._rust` checks it matches.
+# The docstrings of the classes docs/reference.md shows are copied here from the Rust so that the
+# docs build reads them without the extension (tests/test_docs_stub.py keeps them equal).
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import final
@@ -50,23 +52,44 @@ REMOTE_FAILED: int
 REMOTE_DROPPED: int
 REMOTE_EXISTS: int
 
-class KVOffloadError(Exception): ...
-class InvalidStateError(KVOffloadError): ...
+class KVOffloadError(Exception):
+    """Base class of every kvoffload error."""
+
+class InvalidStateError(KVOffloadError):
+    """A key is not in the state the call needs (e.g. loading a key that is not ready)."""
+
 class RemoteError(KVOffloadError): ...
 
 @final
 class BlockSet:
+    """GPU blocks handed out in one schedule (`kvoffload_core::BlockSet`): filled by the engine
+    adapter as it sees the block tables, asked for membership by the scheduler."""
+
     def __new__(cls) -> BlockSet: ...
-    def add(self, ids: Iterable[int], name: str = "block_ids") -> None: ...
-    def discard(self, id: object) -> None: ...
+    def add(self, ids: Iterable[int], name: str = "block_ids") -> None:
+        """Adds every id of `ids` (Python ints, as engines hand them out); a ValueError naming
+        `name` (and adding nothing) when one is not an int in `0..2**63`."""
+
+    def discard(self, id: object) -> None:
+        """Removes `id` if it is in the set (anything that is not a block id never is)."""
+
     def __contains__(self, key: object, /) -> bool: ...
     def __len__(self) -> int: ...
-    def to_list(self) -> list[int]: ...
-    def intersects(self, ids: Iterable[int]) -> bool: ...
-    def null_members(self, table: list[int], start: int) -> int: ...
+    def to_list(self) -> list[int]:
+        """The ids, ascending."""
+
+    def intersects(self, ids: Iterable[int]) -> bool:
+        """Whether any id of `ids` (an iterable of block ids) is in the set."""
+
+    def null_members(self, table: list[int], start: int) -> int:
+        """Replaces every block of `table` (a list of block ids) from index `start` on that is in
+        the set by the null block (0), in place; returns how many it replaced."""
 
 @final
 class KeyList:
+    """Keys in one contiguous buffer. Store calls read it in place, so a request's chunk keys never
+    become Python objects on the hot path; it is also a read-only sequence of `bytes`."""
+
     def __new__(cls, keys: _Keys | None = None) -> KeyList: ...
     def __len__(self) -> int: ...
     def __getitem__(self, index: int, /) -> bytes: ...
@@ -74,13 +97,20 @@ class KeyList:
     def __eq__(self, other: object, /) -> bool: ...
     def __reduce__(self) -> tuple[type[KeyList], tuple[list[bytes]]]: ...
     def to_list(self) -> list[bytes]: ...
-    def view(self, start: int, end: int) -> KeyRange: ...
+    def view(self, start: int, end: int) -> KeyRange:
+        """A view of keys `start..end` that store calls accept without copying."""
+
     def extend_chunk_keys(
         self, block_hashes: Iterable[bytes], blocks_per_chunk: int, group_idx: int = 0
-    ) -> int: ...
+    ) -> int:
+        """Appends the keys of complete chunks that `block_hashes` (a request's hashes from its
+        first block) has beyond the chunks already here; reads only the new hashes. Returns how
+        many."""
 
 @final
 class KeyRange:
+    """Keys `start..end` of a `KeyList`, as made by `KeyList.view`."""
+
     @property
     def start(self) -> int: ...
     @property

@@ -17,12 +17,13 @@ import numpy.typing as npt
 
 from kvoffload import _rust
 
+# Re-exported: `kvoffload.KeyList` is this class, so the API reference renders it as one.
+from kvoffload._rust import KeyList as KeyList
+from kvoffload._rust import KeyRange as KeyRange
+
 MAX_KEY_LEN: int = _rust.MAX_KEY_LEN
 MAX_SLOTS: int = _rust.MAX_SLOTS
 POLICY_NAMES: tuple[str, ...] = tuple(_rust.POLICY_NAMES)
-
-KeyList = _rust.KeyList
-KeyRange = _rust.KeyRange
 
 Keys = Iterable[bytes] | KeyList | KeyRange
 """A batch of keys, each 1..=MAX_KEY_LEN bytes: a `KeyList` or a view of one (read in place, the
