@@ -206,8 +206,9 @@ def test_the_sources_give_the_expected_names():
     assert names["vllm:kvoffload_disk_breaker_state"] == "gauge"
     assert names["kvoffload:disk_tier_denied_total"] == "counter"
     assert names["kvoffload:disk_tier_chunks"] == "gauge"
-    # 18 counters, 4 per-node and 11 per-disk series; and 6 + 4 renamed ones under their old names.
-    assert len(connector_metrics()) == 18 + 4 + 11 + 6 + 4
+    assert names["vllm:kvoffload_trace_lines_dropped_total"] == "counter"
+    # 19 counters, 4 per-node and 11 per-disk series; and 6 + 4 renamed ones under their old names.
+    assert len(connector_metrics()) == 19 + 4 + 11 + 6 + 4
     assert len(redis_tier_metrics()) == 6 + 4
     assert len(disk_tier_metrics()) == 11
 

@@ -60,6 +60,7 @@ def test_vllm_builds_our_manager_and_worker(model_dir):
         ({"block_size": 0}, ConfigError, r"block_size=0 is invalid: a chunk is a positive"),
         ({"cache_policy_module_path": "x.y"}, ConfigError, "cache_policy_module_path is not"),
         ({"canonical_layout": True}, NotSupportedError, "canonical_layout is not supported"),
+        ({"record_trace": "t.jsonl"}, NotSupportedError, "record_trace is written by KVOffload"),
     ],
 )
 def test_bad_config_stops_start_up_naming_the_key(model_dir, extra, error, match):

@@ -20,6 +20,7 @@ from kvoffload.scheduler import (
     StateBlock,
     TierLink,
 )
+from kvoffload.scheduler.trace_recorder import TraceRecorder
 from kvoffload.tiers import TierLookups, TierSettings
 from kvoffload.vllm.compat import request_blocks
 from kvoffload.vllm.connector.events import KVEvents
@@ -99,6 +100,11 @@ class SchedulerSide:
         """Each worker's usable CPU slots; the tier uses what all of them have."""
         self._usable_reported = -1
         self._said_bad_report = False
+        self.trace = (
+            None
+            if settings.record_trace is None
+            else TraceRecorder(settings.record_trace, settings.config.tokens_per_block)
+        )
         logger.info(
             "kvoffload: %d CPU-tier slots of %d tokens (%d bytes over %d workers), policy %s, "
             "offload_prompt_only=%s, secondary tiers: %s%s",
@@ -336,6 +342,8 @@ class SchedulerSide:
         `finished_sending`: stores in flight, or its last store (planned in the next
         build_connector_meta), read them."""
         rid = request.request_id
+        if self.trace is not None:
+            self._record(request)
         self._requests.pop(rid, None)
         self.events.unwatch(rid)
         if not self.scheduler.has_request(rid):
@@ -362,6 +370,20 @@ class SchedulerSide:
             self._held.append(rid)
         return hold
 
+    def _record(self, request: Request) -> None:
+        assert self.trace is not None
+        # The oldest request in flight (insertion order) starts a new file's clock, so that
+        # none of the requests it will hold arrived before it.
+        oldest = next(iter(self._requests.values()), request)
+        n_prompt = request.num_prompt_tokens
+        self.trace.record(
+            request.arrival_time,
+            min(oldest.arrival_time, request.arrival_time),
+            n_prompt,
+            request.num_output_tokens,
+            request.block_hashes[: n_prompt // self.settings.config.tokens_per_block],
+        )
+
     def take_events(self) -> Iterator[KVCacheEvent]:
         """The CPU tier's events, then each secondary tier's (`KVEvents`)."""
         places = [(0, self.scheduler.store.take_events())]
@@ -378,6 +400,10 @@ class SchedulerSide:
             self._usable_reported = store.usable_slots
             delta["cpu_tier_usable_bytes"] = store.usable_slots * self.settings.bytes_per_chunk
             delta["cpu_tier_ready_ratio"] = store.usable_slots / store.num_slots
+        if self.trace is not None:
+            dropped = self.trace.take_dropped()
+            if dropped:
+                delta["trace_lines_dropped"] = dropped
         stats = KVOffloadStats(data=delta)
         # The lookups' own connections (their failures); the workers report what they moved.
         add_reports(
@@ -404,5 +430,8 @@ class SchedulerSide:
         return self.scheduler.has_jobs_in_flight
 
     def shutdown(self) -> None:
+        trace = getattr(self, "trace", None)  # None while __init__ fails before it is made
+        if trace is not None:
+            trace.close()
         for lookups in self.tier_lookups:
             lookups.close()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvoffload.errors import ConfigError, NotSupportedError
 from kvoffload.scheduler import KVGroup, OffloadConfig
+from kvoffload.scheduler.trace_recorder import TraceRecording
 from kvoffload.tiers import TierIdentity, TierSettings, parse_entries
 from kvoffload.vllm.pinning import Pinning
 
@@ -45,6 +46,8 @@ class ConnectorSettings:
     group_layers: tuple[tuple[str, ...], ...] = ()
     """Each group's layer names (a worker copies a group's blocks only in its layers)."""
     tp_size: int = 1
+    record_trace: TraceRecording | None = None
+    """`record_trace` and its companions: the scheduler writes the traffic it served."""
     replicated: bool = False
     """Every TP rank of a pipeline stage holds the same KV bytes (MLA's one latent vector per
     token): in a secondary tier a chunk has one shard per stage, written by the stage's TP rank
@@ -87,6 +90,7 @@ class ConnectorSettings:
                 f"{len(kv_groups)} KV-cache groups); remove it to offload to the CPU tier only"
             )
         pinning = Pinning.from_extra(extra)
+        record_trace = TraceRecording.from_extra(extra)
         if "tokens_per_block" in extra:
             raise ConfigError(
                 "tokens_per_block comes from vLLM's --block-size; remove it from "
@@ -163,6 +167,7 @@ class ConnectorSettings:
             retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
             group_layers=tuple(tuple(g.layer_names) for g in groups),
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
+            record_trace=record_trace,
             replicated=replicated,
         )
         for i, tier in enumerate(settings.tiers):

@@ -41,6 +41,8 @@ _COUNTERS: dict[str, str] = {
     "written on to the secondary tiers (once per tier)",
     "secondary_writes_dropped": "Chunk shards not written on (backpressure, server down, failure)",
     "ignored_params": "Invalid per-request kv_transfer_params values that were ignored",
+    "trace_lines_dropped": "Finished requests record_trace did not write (its buffer was full or "
+    "its file could not be written)",
 }
 RENAMED: dict[str, str] = {
     "remote_lookups": "secondary_lookups",

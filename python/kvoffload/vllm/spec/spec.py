@@ -171,6 +171,12 @@ def _check_unsupported(extra: dict[str, Any], config: OffloadingConfig) -> None:
             "cache_policy_module_path is not supported by KVOffloadSpec (its policies, lru and "
             f"arc, are in Rust); remove it, or use {_OTHER_SPEC}"
         )
+    if extra.get("record_trace") is not None:
+        # Refused, not ignored: an operator expecting a trace would find none, hours later.
+        raise NotSupportedError(
+            "record_trace is written by KVOffloadConnector only, not through vLLM's "
+            'OffloadingConnector; use "kv_connector": "KVOffloadConnector", or remove it'
+        )
     if config.canonical_layout:
         raise NotSupportedError(
             f"canonical_layout is not supported by KVOffloadSpec; remove it, or use {_OTHER_SPEC}"
