@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 # The real-engine suite's venv: vLLM's CPU build, which installs the package `vllm` as vLLM does.
 E2E_VENV ?= .venv-e2e
 E2E_PY := $(E2E_VENV)/bin/python
+# The docs site's venv: MkDocs and its plugins (requirements-docs.txt), neither vLLM nor torch nor
+# the package (the API reference reads python/ without importing it).
+DOCS_VENV ?= .venv-docs
+DOCS_PY := $(DOCS_VENV)/bin/python
 # maturin develop installs into the active virtualenv.
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
@@ -59,10 +63,22 @@ lint: build
 test-rust:
 	cargo test -p kvoffload-core -p kvoffload-tier -p kvoffload-redis -p kvoffload-disk
 
+# Re-runs when the docs requirements change.
+$(DOCS_VENV)/.deps: requirements-docs.txt
+	test -x $(DOCS_PY) || python3 -m venv $(DOCS_VENV)
+	$(DOCS_PY) -m pip install -q -r requirements-docs.txt
+	touch $@
+
 # The docs site, into site/: a broken link, anchor or page, or an API reference entry that does
-# not resolve, fails the build (--strict). Its Python examples run in test-python.
-docs: build
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+# not resolve, fails the build (--strict). Then the site must not need the network to be read
+# (tests/docs_offline.py), and the docs venv must still be light: a requirement that drags in
+# vLLM, torch or the package itself fails here. Its Python examples run in test-python.
+docs: $(DOCS_VENV)/.deps
+	$(DOCS_PY) -c 'import importlib.util as u, sys; \
+		heavy = [m for m in ("vllm", "torch", "kvoffload") if u.find_spec(m)]; \
+		sys.exit(f"the docs venv has {heavy}: requirements-docs.txt must stay light" if heavy else 0)'
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --quiet
+	$(DOCS_PY) tests/docs_offline.py site
 
 # Benchmarks run once, untimed, so they never rot. tests/e2e runs in its own venv (test-e2e).
 test-python: build
@@ -95,4 +111,4 @@ gpu-check: build
 
 clean:
 	cargo clean
-	rm -rf $(VENV) $(E2E_VENV) site python/kvoffload/_rust*.so .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) $(E2E_VENV) $(DOCS_VENV) site python/kvoffload/_rust*.so .pytest_cache .ruff_cache .mypy_cache .hypothesis
