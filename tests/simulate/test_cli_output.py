@@ -17,6 +17,10 @@ SMALL = [
     "--system-prompt-tokens", "128", "--user-tokens", "32", "--thinking-tokens", "64",
     "--answer-tokens", "32", "--gpu-blocks", "48", "--max-running", "4",
     "--kv-bytes-per-token", "1024",
+    # The speeds a model of this KV size would have (without them, a warning says they are
+    # llama-3-8b's).
+    "--prefill-tokens-per-s", "30000", "--prefill-attention-tokens", "30000",
+    "--decode-step-ms", "6",
 ]  # fmt: skip
 CPU_GIB = str(40 * 16 * 1024 / 2**30)  # 40 chunks
 
@@ -29,9 +33,10 @@ def test_compare_prompt_only_prints_both_columns_and_the_change(capsys):
     assert lines[0].startswith("reasoning-chat: conversations 6, turns 3, system prompts 2")
     assert "1,024 KV bytes/token, 16-token chunks of 0.015625 MiB, GPU cache 48 blocks" in lines[1]
     assert lines[2] == f"CPU tier {float(CPU_GIB):g} GiB (lru)"
-    head = lines[4].split()
+    assert lines[3].startswith("prefix-reuse bound ")
+    head = lines[5].split()
     assert head == ["prompt-only", "off", "prompt-only", "on", "change"]
-    rows = {line[:27].strip(): line[27:].split() for line in lines[5:]}
+    rows = {line[:27].strip(): line[27:].split() for line in lines[6:]}
     off, on = int(rows["chunks written GPU->CPU"][0]), int(rows["chunks written GPU->CPU"][1])
     assert on < off
     assert rows["chunks written GPU->CPU"][2] == f"{(on - off) / off:+.1%}"
@@ -77,7 +82,7 @@ def test_model_presets_set_the_chunk_size(capsys):
 def test_compare_eviction_policy_runs_lru_and_arc(capsys):
     assert main(["simulate", *SMALL, "--cpu-gib", CPU_GIB, "--compare", "eviction_policy"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[4].split() == ["lru", "arc", "change"]
+    assert out.splitlines()[5].split() == ["lru", "arc", "change"]
 
 
 def test_sweep_plots_a_readable_png(tmp_path, capsys):
@@ -87,8 +92,8 @@ def test_sweep_plots_a_readable_png(tmp_path, capsys):
     argv = [*SMALL, "--sweep-cpu-gib", sizes, "--compare", "offload_prompt_only"]
     assert main(["simulate", *argv, "--plot", str(png)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[4].split()[:4] == ["CPU", "GiB", "setting", "GPU"]
-    assert len(out) == 5 + 3 * 2  # one row per size and setting
+    assert out[5].split()[:4] == ["CPU", "GiB", "setting", "GPU"]
+    assert len(out) == 6 + 3 * 2  # one row per size and setting
     pixels = image.imread(png)
     assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 400
     assert [p.name for p in tmp_path.iterdir()] == ["sweep.png"]  # no temporary left
@@ -154,5 +159,5 @@ def test_a_plot_that_cannot_be_written_is_reported_after_the_table(capsys):
         assert "is not writable" in err
     else:
         assert code == 1
-        assert out.splitlines()[4].startswith("CPU GiB")
+        assert out.splitlines()[5].startswith("CPU GiB")
         assert err.startswith("kvoffload simulate: --plot /proc/kvoffload.png: cannot write it:")

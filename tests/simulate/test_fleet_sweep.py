@@ -69,11 +69,11 @@ def test_the_sweep_table_has_one_row_per_size(trace, capsys):
     assert lines[3] == (
         "fleet: 1/2/4 x round-robin (instances x router), each its own GPU cache and CPU tier"
     )
-    assert lines[5].split() == [
+    assert lines[6].split() == [
         "instances", "setting", "GPU", "hits", "CPU", "hits", "all", "hits", "mean", "TTFT",
         "s", "p90", "TTFT", "s", "p99", "TTFT", "s", "simulated", "s", "load", "max/mean",
     ]  # fmt: skip
-    rows = [line.split() for line in lines[6:]]
+    rows = [line.split() for line in lines[7:]]
     assert [row[:5] for row in rows] == [
         ["1", "result", "54.5%", "0.0%", "54.5%"],  # 192 / 352 prompt tokens
         ["2", "result", "36.4%", "0.0%", "36.4%"],  # 128 / 352

@@ -165,7 +165,7 @@ def test_compare_instances_and_the_per_instance_table(tmp_path, capsys):
     assert main(["simulate", *args, "--per-instance"]) == 0
     out = capsys.readouterr().out
     assert "fleet: 1/2 x round-robin (instances x router)" in out
-    assert out.splitlines()[5].split() == ["1", "instance", "2", "instances", "change"]
+    assert out.splitlines()[6].split() == ["1", "instance", "2", "instances", "change"]
     assert "per instance (2 instances, 0.000976562 GiB):" in out
 
 

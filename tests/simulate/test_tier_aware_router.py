@@ -74,10 +74,10 @@ def test_compare_router_runs_all_four_and_prints_the_load_row(tmp_path, capsys):
     assert main(["simulate", "--trace", trace, *BLOCK, *ENGINE, "--compare", "router"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[4] == "tier-aware weights per prompt block held: gpu 1, cpu 0.75"
-    assert lines[6].split() == ["round-robin", "least-loaded", "prefix-affinity", "tier-aware"]
-    assert lines[7].split() == ["requests", "4", "4", "4", "4"]
+    assert lines[7].split() == ["round-robin", "least-loaded", "prefix-affinity", "tier-aware"]
+    assert lines[8].split() == ["requests", "4", "4", "4", "4"]
     # Round-robin and least-loaded: L, F on instance 0, S, Q on 1.
-    assert lines[8].split() == ["load", "max/mean", "1.00", "1.00", "1.00", "1.50"]
+    assert lines[9].split() == ["load", "max/mean", "1.00", "1.00", "1.00", "1.50"]
 
 
 def test_a_single_engine_has_no_load_row_or_field(tmp_path, run_cli, capsys):

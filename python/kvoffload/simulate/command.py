@@ -13,11 +13,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from kvoffload._docs import docs_url
 from kvoffload.scheduler import OffloadConfig
 from kvoffload.simulate.flags import UsageError, flag, workload_fields
 from kvoffload.simulate.fleet import FleetResult, simulate_fleet
 from kvoffload.simulate.instance import DataCheck, EngineConfig
-from kvoffload.simulate.models import DEFAULT_MODEL, MODELS
+from kvoffload.simulate.models import DEFAULT_MODEL, MODELS, SPEED_FLAGS, model_speeds
 from kvoffload.simulate.report import (
     TIERS,
     SimResult,
@@ -27,6 +28,7 @@ from kvoffload.simulate.report import (
     table,
     title,
 )
+from kvoffload.simulate.reuse import bound_line, prefix_reuse_bound, unchanged_note
 from kvoffload.simulate.routers import TierWeights
 from kvoffload.simulate.runs import Plan, Setting, plan
 from kvoffload.simulate.shared_tier import SharedTierConfig, disk_tier
@@ -34,12 +36,12 @@ from kvoffload.simulate.trace import Trace, TraceError, TraceOptions, load_trace
 from kvoffload.simulate.verify import PAGE_BYTES
 from kvoffload.simulate.workloads import WORKLOADS, Request, SimRequest, Workload, describe
 
-SIMULATE_HELP = """\
+SIMULATE_HELP = f"""\
 Replays a workload through the real offload scheduler and CPU-tier store around a model of a
 vLLM engine (no GPU, no vLLM) and prints what the CPU tier saves and costs, on one engine or a
 fleet behind a router. `--compare` puts two settings side by side, `--sweep-cpu-gib` sizes the
-tier, `--sweep-instances` the fleet. `docs/simulator.md` explains the model, the
-trace formats and how to read the table.
+tier, `--sweep-instances` the fleet. {docs_url("simulator")} explains the model, the trace
+formats and how to read the table.
 
 Exit codes: 0 done, 1 `--verify-data` found wrong bytes (or the output could not be written),
 2 a usage error (the message names the flag and what it allows)."""
@@ -154,6 +156,24 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError("--verify-data needs torch: pip install 'kvoffload[torch]'")
 
 
+def _speeds(args: argparse.Namespace) -> dict[str, float]:
+    """`SPEED_FLAGS`: each flag given, else `--model`'s; `--kv-bytes-per-token` names no model,
+    so the speeds not given stay the default model's, with a warning."""
+    d = EngineConfig()
+    reference = {name: getattr(d, name) for name in SPEED_FLAGS}
+    given = {name: getattr(args, name) for name in SPEED_FLAGS if getattr(args, name) is not None}
+    if args.kv_bytes_per_token is None:
+        return model_speeds(args.model or DEFAULT_MODEL, reference) | given
+    missing = [flag(name) for name in SPEED_FLAGS if name not in given]
+    if missing:
+        write_error(
+            f"kvoffload simulate: warning: --kv-bytes-per-token changes only the KV size: "
+            f"{', '.join(missing)} stay {DEFAULT_MODEL}'s on one H200 (use --model, or give "
+            "them for your model)"
+        )
+    return reference | given
+
+
 def _check_sizes(requests: list[SimRequest] | Trace, engine: EngineConfig, tpb: int) -> None:
     if isinstance(requests, Trace):  # streamed: only the live requests' blocks are held
         tokens, rid = requests.largest
@@ -258,16 +278,18 @@ def run(args: argparse.Namespace) -> int:
             max_running=args.max_running,
             max_batched_tokens=args.max_batched_tokens,
             pcie_gbps=args.pcie_gbps,
-            prefill_tokens_per_s=args.prefill_tokens_per_s,
-            prefill_attention_tokens=args.prefill_attention_tokens,
-            decode_step_ms=args.decode_step_ms,
             hbm_gbps=args.hbm_gbps,
+            **_speeds(args),
         )
     except ValueError as e:  # each value passed its flag's check: their combination did not
         raise UsageError(re.sub(r"(\w+)=", lambda m: flag(m[1]) + " ", str(e))) from None
     requests, workload_info = _workload(args)
     _check_sizes(requests, engine, args.tokens_per_block)
     requests = _with_caps(requests, args)
+    try:
+        bound = prefix_reuse_bound(requests, args.tokens_per_block)
+    except TraceError as e:  # the file changed since `load_trace` checked it
+        raise RunFailed(str(e)) from None
     engine_info = {
         **dataclasses.asdict(engine),
         "model": None if args.kv_bytes_per_token else model,
@@ -323,11 +345,14 @@ def run(args: argparse.Namespace) -> int:
         out = {
             "workload": workload_info,
             "engine": engine_info,
+            "prefix_reuse_bound_tokens": bound,
             "runs": _json_runs(runs, grid, tiers, weights),
         }
         _emit(json.dumps(out, indent=2, allow_nan=False))
     else:
-        _emit(_text(runs, grid, workload_info, engine_info, args.per_instance, tiers, weights))
+        _emit(
+            _text(runs, grid, workload_info, engine_info, args.per_instance, tiers, weights, bound)
+        )
     totals = [[res.fleet for res in row] for row in grid]
     code = 0
     if args.plot is not None:
@@ -421,8 +446,10 @@ def _text(
     per_instance: bool,
     tiers: Sequence[str],
     weights: TierWeights,
+    bound: int,
 ) -> str:
-    """The header, the table (or the sweep's), and with `per_instance` one table per fleet;
+    """The header with the workload's prefix-reuse `bound`, the table (or the sweep's), why
+    compared settings hit the same if they do, and with `per_instance` one table per fleet;
     with `tiers` (those some run has behind its CPU tier), their rows and columns too."""
     cells = runs.cells()
     sizes = sorted({st.cpu_gib for st in cells})
@@ -431,10 +458,16 @@ def _text(
     shown = None
     if fleet is not None and any(st.router == "tier-aware" for st in cells):
         shown = ", ".join(f"{k} {v:g}" for k, v in _shown_weights(weights, tiers).items())
-    out = [header(workload_info, engine_info, sizes, policies, fleet, shown)]
     totals = [[res.fleet for res in row] for row in grid]
+    prompt_tokens = totals[0][0].prompt_tokens
+    tpb = engine_info["tokens_per_block"]
+    reuse = bound_line(bound, prompt_tokens, tpb)
+    out = [header(workload_info, engine_info, sizes, policies, fleet, shown, reuse)]
     if runs.axis is None:
-        out.append(table(runs.labels, totals[0], tiers, fleet is not None))
+        note = unchanged_note(
+            runs.labels, totals[0], bound, _larger(workload_info), runs.cells()[0].cpu_gib
+        )
+        out.append(table(runs.labels, totals[0], tiers, fleet is not None, note))
     else:
         out.append(
             sweep_table(runs.axis, runs.points, runs.labels, totals, tiers, fleet is not None)
@@ -451,6 +484,15 @@ def _text(
                         + instance_table(res.instances, tiers)
                     )
     return "\n".join(out)
+
+
+def _larger(workload_info: dict[str, Any]) -> str:
+    """A workload 4x the size of this one, for a hint: its first size flag (the number of
+    conversations, prefixes or agents) 4x larger."""
+    if "trace" in workload_info:
+        return "a longer trace"
+    name = dataclasses.fields(WORKLOADS[workload_info["name"]])[0].name
+    return f"a larger workload (e.g. {flag(name)} {workload_info[name] * 4})"
 
 
 def _run(

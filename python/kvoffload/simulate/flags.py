@@ -10,8 +10,9 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from kvoffload._docs import docs_url
 from kvoffload.simulate.instance import MIN_HBM_GBPS, EngineConfig
-from kvoffload.simulate.models import DEFAULT_MODEL, MODELS
+from kvoffload.simulate.models import DEFAULT_MODEL, MODELS, SPEED_FLAGS
 from kvoffload.simulate.routers import ROUTERS, TierWeights, parse_tier_weights
 from kvoffload.simulate.shared_tier import SharedTierConfig, disk_tier
 from kvoffload.simulate.trace import FORMATS
@@ -145,7 +146,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--trace",
         metavar="FILE.jsonl",
-        help="replay these requests instead; format in docs/simulator.md",
+        help=f"replay these requests instead; formats: {docs_url('simulator')}",
     )
     w.add_argument(
         "--trace-format",
@@ -192,13 +193,15 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     kv.add_argument(
         "--model",
         choices=list(MODELS),
-        help=f"sets the KV bytes per token (default: {DEFAULT_MODEL}, bf16)",
+        help=f"sets the KV bytes per token (bf16) and the prefill and decode speeds, scaled "
+        f"from {DEFAULT_MODEL}'s on one H200 by the model's size (default: {DEFAULT_MODEL})",
     )
     kv.add_argument(
         "--kv-bytes-per-token",
         type=int_in(1, 1 << 30),
         metavar="N",
-        help="KV bytes per token over all layers, instead of --model",
+        help="KV bytes per token over all layers, instead of --model (the speeds stay "
+        f"{DEFAULT_MODEL}'s unless given)",
     )
     e.add_argument(
         "--tokens-per-block", type=int_in(1, 4096), default=16, metavar="N", help="default: 16"
@@ -225,12 +228,15 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         ("hbm_gbps", _off_or(MIN_HBM_GBPS, 1e6), "GPU memory GB/s for reading decode KV; 0: free"),
     ]
     for name, parse, help in engine_flags:
+        default = f"{getattr(d, name):g}"
+        if name in SPEED_FLAGS:  # None: --model's (`command.engine_speeds`)
+            default = f"--model's; {DEFAULT_MODEL}: {default}"
         e.add_argument(
             flag(name),
             type=parse,
-            default=getattr(d, name),
+            default=None if name in SPEED_FLAGS else getattr(d, name),
             metavar="N",
-            help=f"{help} (default: {getattr(d, name):g})",
+            help=f"{help} (default: {default})",
         )
 
     o = s.add_argument_group("offloading")

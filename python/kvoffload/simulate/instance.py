@@ -47,7 +47,8 @@ class EngineConfig:
     pcie_gbps: float = 25.0
     """GB/s per direction (PCIe 4.0 x16 moves about 25; an H200's PCIe 5.0 x16 about 50)."""
     prefill_tokens_per_s: float = 30_000.0
-    """Prompt tokens per second at short context (docs/simulator.md gives the H200 numbers)."""
+    """Prompt tokens per second at short context (Llama-3-8B on one H200; the Simulator page of
+    the docs derives it, and `models.py` scales it to other models)."""
     prefill_attention_tokens: float = 30_000.0
     """The context length at which a prompt token's attention costs as much as the rest of its
     compute, so a token at context `c` takes `(1 + c / this) / prefill_tokens_per_s`; 0: none."""

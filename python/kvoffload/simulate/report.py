@@ -119,11 +119,14 @@ ROWS: list[tuple[str, Callable[[SimResult], tuple[float, str]]]] = [
     ("mean TTFT s", lambda r: (r.ttft_mean_s, f"{r.ttft_mean_s:.3f}")),
     ("p90 TTFT s", lambda r: (r.ttft_p90_s, f"{r.ttft_p90_s:.3f}")),
     ("simulated s", lambda r: (r.simulated_seconds, f"{r.simulated_seconds:,.1f}")),
-    (
-        "scheduler us/step",
-        lambda r: (r.scheduler_us_per_step, f"{r.scheduler_us_per_step:.1f} ({r.steps:,} steps)"),
-    ),
 ]
+
+MEASURED_ROWS: list[tuple[str, Callable[[SimResult], str]]] = [
+    ("scheduler us/step", lambda r: f"{r.scheduler_us_per_step:.1f} ({r.steps:,} steps)"),
+]
+"""Wall-clock time of this machine, not simulated: printed apart, with no change column (two
+runs of the same settings differ by tens of percent)."""
+MEASURED_TITLE = "measured on this machine (wall clock, noisy; not simulated):"
 
 FLEET_ROWS: dict[str, list[tuple[str, Callable[[SimResult], tuple[float, str]]]]] = {
     "requests": [
@@ -183,10 +186,12 @@ def table(
     results: Sequence[SimResult],
     tiers: Sequence[str] = (),
     fleet: bool = False,
+    note: str = "",
 ) -> str:
     """One column per result; with two, a last column of the change from the first (the
     baseline) to the second; with `tiers` (of `TIERS`, those some run has), their rows too, and
-    with `fleet` (some run has several instances) how evenly they were loaded."""
+    with `fleet` (some run has several instances) how evenly they were loaded. Then `note`, and
+    apart from the simulated rows, those measured on this machine."""
     rows = [["", *labels]]
     if len(results) == 2:
         rows[0].append("change")
@@ -201,7 +206,12 @@ def table(
             row.append("")
         rows.append(row)
     ignored = {k: v for r in results for k, v in r.ignored_params.items()}
-    out = _grid(rows)
+    measured = [[label, *(text(r) for r in results)] for label, text in MEASURED_ROWS]
+    # One grid, so the measured rows line up with the simulated ones above them.
+    lines = _grid(rows + [m + [""] * (len(rows[0]) - len(m)) for m in measured]).split("\n")
+    out = "\n".join(lines[: len(rows)])
+    out += f"\n{note}" if note else ""
+    out += f"\n\n{MEASURED_TITLE}\n" + "\n".join(lines[len(rows) :])
     if any(r.verified_chunks for r in results):
         out += "\nverified chunks: " + ", ".join(
             f"{r.verified_chunks:,} ({r.mismatched_blocks} bad blocks)" for r in results
@@ -340,10 +350,11 @@ def header(
     policies: Sequence[str],
     fleet: str | None = None,
     weights: str | None = None,
+    reuse: str | None = None,
 ) -> str:
     """The title, the CPU tier, for a fleet its instances and router (and `weights`, the
-    tier-aware router's, if it runs), and the disk and shared tiers if any; then a blank
-    line."""
+    tier-aware router's, if it runs), the disk and shared tiers if any and the `reuse` line
+    (the workload's prefix-reuse bound); then a blank line."""
     tier = ", ".join(f"{s:g}" for s in sizes)
     caps = [
         f"{k} {engine[k]}"
@@ -362,6 +373,7 @@ def header(
         + (f"\ntier-aware weights per prompt block held: {weights}" if weights else "")
         + _disk_line(engine)
         + _remote_line(engine)
+        + (f"\n{reuse}" if reuse else "")
         + "\n"
     )
 

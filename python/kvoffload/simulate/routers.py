@@ -21,8 +21,8 @@ ROUTERS = ("round-robin", "least-loaded", "prefix-affinity", "tier-aware")
 @dataclass(frozen=True)
 class TierWeights:
     """What a prompt block held in each medium is worth to `tier-aware` (a block computed anew:
-    0). GPU, CPU ("host") and disk are Dynamo's defaults; see docs/simulator.md for the shared
-    tier's."""
+    0). GPU, CPU ("host") and disk are Dynamo's defaults; the Simulator page of the docs says
+    why the shared tier's is the disk's."""
 
     gpu: float = 1.0
     cpu: float = 0.75
