@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 import kvoffload
+from kvoffload._docs import docs_url
 from kvoffload.simulate.command import SIMULATE_HELP, RunFailed, run, write_error
 from kvoffload.simulate.flags import UsageError, add_arguments
 
@@ -23,7 +24,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> _Parser:
-    p = _Parser(prog="kvoffload", description="KV-cache offloading tools.")
+    p = _Parser(
+        prog="kvoffload",
+        description="KV-cache offloading tools.",
+        epilog=f"Documentation: {docs_url('index')}",
+    )
     p.add_argument("--version", action="version", version=f"kvoffload {kvoffload.__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = sub.add_parser(

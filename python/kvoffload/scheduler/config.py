@@ -40,7 +40,7 @@ def _int(d: Mapping[str, Any], key: str, minimum: int) -> int | None:
 
 @dataclass(frozen=True)
 class OffloadConfig:
-    """Where chunks go and how many: see the configuration table of docs/vllm.md.
+    """Where chunks go and how many: see the configuration table of the docs' vLLM guide.
 
     `tokens_per_block` is the engine's GPU block size; a chunk (the unit stored and loaded) is
     `blocks_per_chunk` consecutive GPU blocks.

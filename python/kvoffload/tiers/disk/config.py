@@ -64,7 +64,7 @@ def _file_mode(value: object) -> int:
 
 @dataclass(frozen=True)
 class DiskTierConfig:
-    """The disk tier's settings; `docs/disk-tier.md` documents each one."""
+    """The disk tier's settings; the docs' Disk tier page documents each one."""
 
     path: str
     capacity_bytes: int

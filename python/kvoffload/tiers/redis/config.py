@@ -71,7 +71,7 @@ def _flag(entry: Mapping[str, Any], key: str, default: bool) -> bool:
 
 @dataclass(frozen=True, repr=False)
 class RedisTierConfig:
-    """A Redis tier's settings; `docs/shared-tier.md` documents each one. Its `repr` never
+    """A Redis tier's settings; the docs' Shared tier page documents each one. Its `repr` never
     shows a password (the url's is masked; a file or a variable is named, never read here)."""
 
     url: str

@@ -42,8 +42,8 @@ _METRIC = "kvoffload:disk_tier_"
 
 
 class DiskTier(ChunkTier):
-    """A `SecondaryTierManager` on a directory; see `docs/disk-tier.md` for every key. A file
-    that fails a check is removed and recomputed; a full filesystem drops the store."""
+    """A `SecondaryTierManager` on a directory; the docs' Disk tier page documents every key. A
+    file that fails a check is removed and recomputed; a full filesystem drops the store."""
 
     kind = KIND
     _client: DiskClient

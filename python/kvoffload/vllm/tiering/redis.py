@@ -58,7 +58,7 @@ _BREAKER = {"breaker_state": "The Redis tier's circuit breaker: 0 up, 1 down, 2 
 
 
 class RedisTier(ChunkTier):
-    """A `SecondaryTierManager` on Redis 7 / Valkey 8; see `docs/shared-tier.md` for
+    """A `SecondaryTierManager` on Redis 7 / Valkey 8; the docs' Shared tier page documents
     every key. Faults degrade to CPU-only: lookups miss, stores drop, loads fail and recompute."""
 
     kind = KIND
