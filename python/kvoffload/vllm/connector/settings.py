@@ -32,7 +32,7 @@ class ConnectorSettings:
     enable_events: bool
     self_describing_events: bool = False
     """`self_describing_kv_events` with vLLM's KV events on: per vLLM block, with tokens and
-    parent, for every tier (see docs/routers.md)."""
+    parent, for every tier (see the docs' Routers page)."""
     group_specs: tuple[tuple[str | None, int | None], ...] = ()
     """Per KV-cache group, vLLM's spec kind and sliding window as its KV events name them."""
     tiers: tuple[TierSettings, ...] = ()
