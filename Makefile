@@ -15,7 +15,7 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
 
 .PHONY: all venv build build-ext build-e2e test lint test-rust test-python test-e2e docs bench \
-	bench-e2e run wheel gpu-check clean
+	bench-e2e run demo wheel gpu-check clean
 
 all: build
 
@@ -99,6 +99,11 @@ bench: build bench-e2e
 
 run: build-ext
 	$(VENV)/bin/kvoffload simulate --compare offload_prompt_only
+
+# No GPU needed: vLLM's OpenAI server (CPU build) with kvoffload, two requests sharing a long
+# prompt, the hit read from /metrics (tests/e2e/demo.py says how; test-e2e runs it too).
+demo: build-e2e
+	$(E2E_PY) tests/e2e/demo.py
 
 # The abi3 wheel benches/gpu_check.sh installs on a GPU host (no Rust there).
 # Linked with zig against glibc 2.28 (manylinux_2_28), so it installs on older hosts than this one.
