@@ -12,7 +12,7 @@ import pytest
 
 from kvoffload import ConfigError
 from kvoffload.scheduler.trace_recorder import TraceRecorder, TraceRecording
-from kvoffload.simulate.trace import TraceOptions, load_trace
+from kvoffload.simulate.trace import TraceOptions, load_trace, recorded_block_tokens
 
 BT = 16  # tokens per block
 
@@ -43,7 +43,8 @@ def test_a_line_per_request_with_shared_prefixes_sharing_ids(tmp_path):
         {"timestamp": 1500.0, "input_length": 32, "output_length": 3, "hash_ids": [4, 5]},
     ]
     (header,) = comments(path)
-    assert f"--trace trace.jsonl --hash-block-tokens {BT}" in header
+    assert header.endswith("kvoffload simulate --trace trace.jsonl\n")
+    assert recorded_block_tokens(path) == BT  # the simulator's default for this file
     assert rec.dropped == 0
     # What the simulator replays: the same blocks shared, 250 ms apart.
     trace = load_trace(path, TraceOptions(hash_block_tokens=BT))

@@ -151,7 +151,7 @@ def test_verify_data_catches_a_corrupted_copy(tmp_path, run_cli, monkeypatch):
 
 def test_the_docs_trace_example_runs_as_pasted(tmp_path, run_cli):
     page = (Path(__file__).parents[2] / "docs" / "simulator.md").read_text()
-    example = page.split("**Your own traffic**")[1].split("```json\n")[1].split("```")[0]
+    example = page.split("**The kvoffload format**")[1].split("```json\n")[1].split("```")[0]
     trace = tmp_path / "t.jsonl"
     trace.write_text(example)
     code, out, err = run_cli("--trace", str(trace))
@@ -217,3 +217,20 @@ def test_attention_and_kv_reads_lengthen_the_steps(tmp_path, run_cli):
     r = out["runs"][0]["result"]
     assert r["ttft_mean_s"] == pytest.approx(0.629375)
     assert r["simulated_seconds"] == pytest.approx(0.652763608)
+
+
+def test_a_recorded_trace_replays_at_the_block_size_its_first_line_names(tmp_path, run_cli):
+    from kvoffload.scheduler.trace_recorder import TraceRecorder, TraceRecording
+
+    path = tmp_path / "served.jsonl"
+    recorder = TraceRecorder(TraceRecording(str(path)), 16)
+    hashes = [bytes([i]) * 32 for i in range(4)]
+    recorder.record(0.0, 0.0, 64, 4, hashes)  # 4 blocks of 16: at 512 tokens a block, refused
+    recorder.record(1.0, 0.0, 64, 4, hashes)
+    recorder.close()
+    code, out, err = run_cli("--trace", str(path))
+    assert code == 0, err
+    assert out["workload"]["hash_block_tokens"] == 16
+    assert out["runs"][0]["result"]["gpu_hit_tokens"] == 48  # the repeat, less its last block
+    code, _, err = run_cli("--trace", str(path), "--hash-block-tokens", "512")
+    assert code == 2 and "4 blocks of --hash-block-tokens 512 cannot hold" in err

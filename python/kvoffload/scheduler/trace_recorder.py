@@ -34,8 +34,9 @@ from kvoffload.sizes import size_value
 
 logger = logging.getLogger(__name__)
 
-KEYS = ("record_trace", "record_trace_rotate_bytes", "record_trace_keep")
 _MAX_KEEP = 1000
+HEADER = "# kvoffload record_trace, hash-ids format, blocks of {} tokens"
+"""A recorded file's first line; `kvoffload simulate --trace` reads its block size from it."""
 
 
 @dataclass(frozen=True)
@@ -220,9 +221,7 @@ class _TraceFile:
         f = open(path, "w", encoding="utf-8")
         out = cls(f, block_tokens, start)
         out.write(
-            f"# kvoffload record_trace, hash-ids format, blocks of {block_tokens} tokens: "
-            f"kvoffload simulate --trace {os.path.basename(path)} "
-            f"--hash-block-tokens {block_tokens}\n",
+            f"{HEADER.format(block_tokens)}: kvoffload simulate --trace {os.path.basename(path)}\n",
             counts=False,
         )
         return out

@@ -32,7 +32,13 @@ from kvoffload.simulate.reuse import bound_line, prefix_reuse_bound, unchanged_n
 from kvoffload.simulate.routers import TierWeights
 from kvoffload.simulate.runs import Plan, Setting, plan
 from kvoffload.simulate.shared_tier import SharedTierConfig, disk_tier
-from kvoffload.simulate.trace import Trace, TraceError, TraceOptions, load_trace
+from kvoffload.simulate.trace import (
+    Trace,
+    TraceError,
+    TraceOptions,
+    load_trace,
+    recorded_block_tokens,
+)
 from kvoffload.simulate.verify import PAGE_BYTES
 from kvoffload.simulate.workloads import WORKLOADS, Request, SimRequest, Workload, describe
 
@@ -66,7 +72,7 @@ def _workload(args: argparse.Namespace) -> tuple[list[SimRequest] | Trace, dict[
             raise UsageError(f"{', '.join(flags)} cannot be combined with --trace")
         options = TraceOptions(
             format=args.trace_format,
-            hash_block_tokens=args.hash_block_tokens or 512,
+            hash_block_tokens=args.hash_block_tokens or recorded_block_tokens(args.trace) or 512,
             time_scale=args.time_scale or 1.0,
             start=args.start or 0.0,
             limit=args.limit,

@@ -157,7 +157,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         "--hash-block-tokens",
         type=int_in(1, 1 << 20),
         metavar="N",
-        help="tokens per hash id of a hash-ids trace (default: 512)",
+        help="tokens per hash id of a hash-ids trace (default: the block size a record_trace "
+        "file names on its first line, else 512)",
     )
     w.add_argument(
         "--time-scale",

@@ -29,6 +29,7 @@ import array
 import dataclasses
 import functools
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.scheduler.params import MAX_LOAD_TOKENS, MAX_OFFLOAD_TOKENS
+from kvoffload.scheduler.trace_recorder import HEADER
 from kvoffload.simulate.workloads import (
     Request,
     SimRequest,
@@ -62,6 +64,7 @@ MAX_TRACE_REQUESTS = 1 << 21
 trace."""
 
 Bad = Callable[[str, str], Exception]
+_RECORDED = re.compile(re.escape(HEADER).replace(re.escape("{}"), r"(\d{1,7})"))
 _OFFSETS = np.dtype([("arrival", "f8"), ("line", "i8"), ("offset", "i8")])
 
 
@@ -164,6 +167,19 @@ class Trace:
                 if request is None:
                     raise TraceError(f"{changed}: line {lineno} holds no request now")
                 yield request
+
+
+def recorded_block_tokens(path: str | Path) -> int | None:
+    """The block size a file written by `record_trace` names on its first line (its hash ids are
+    vLLM's blocks, not Mooncake's 512 tokens); None for any other file, or one not readable
+    (`load_trace` says why)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(200).decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = _RECORDED.match(first)
+    return int(found[1]) if found and 0 < int(found[1]) <= 1 << 20 else None
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
