@@ -3,6 +3,7 @@ missing file, and the settings' errors."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -11,6 +12,7 @@ import time
 import pytest
 
 from kvoffload import ConfigError
+from kvoffload.scheduler import trace_recorder
 from kvoffload.scheduler.trace_recorder import TraceRecorder, TraceRecording
 from kvoffload.simulate.trace import TraceOptions, load_trace, recorded_block_tokens
 
@@ -19,7 +21,7 @@ BT = 16  # tokens per block
 
 def h(*blocks: int) -> list[bytes]:
     """Chained block hashes, as vLLM's are: block i's stands for blocks 0..i."""
-    return [repr(blocks[: i + 1]).encode() for i in range(len(blocks))]
+    return [hashlib.sha256(repr(blocks[: i + 1]).encode()).digest() for i in range(len(blocks))]
 
 
 def lines(path) -> list[dict]:
@@ -130,6 +132,52 @@ def test_a_missing_directory_costs_lines_not_steps_and_recording_resumes(tmp_pat
     assert rec.dropped == 2
 
 
+def test_a_file_also_rotates_once_it_names_max_ids_blocks(tmp_path, monkeypatch):
+    # The id map is the recorder's memory: bounded per file, whatever the file's size.
+    monkeypatch.setattr(trace_recorder, "MAX_IDS", 10)
+    path = tmp_path / "t.jsonl"
+    rec = TraceRecorder(TraceRecording(str(path)), BT)
+    for i in range(5):
+        rec.record(float(i), 0.0, 64, 1, h(i, 1, 2, 3))  # 4 new blocks each
+    rec.close()
+    # 8 ids fit; the third request would make 12, so it starts the next file, and so on.
+    assert [len(lines(tmp_path / n)) for n in ("t.jsonl.2", "t.jsonl.1", "t.jsonl")] == [2, 2, 1]
+    assert lines(path)[0]["hash_ids"] == [0, 1, 2, 3]
+
+
+def test_the_writer_survives_a_line_it_cannot_make(tmp_path, caplog):
+    path = tmp_path / "t.jsonl"
+    rec = TraceRecorder(TraceRecording(str(path)), BT)
+    rec.record("soon", 0.0, 16, 1, h(1))  # type: ignore[arg-type]  # not a time
+    rec.record(2.0, 1.0, 16, 1, h(1))
+    rec.close()
+    assert rec.dropped == 1 and "cannot be written" in caplog.text
+    assert lines(path) == [
+        {"timestamp": 1000.0, "input_length": 16, "output_length": 1, "hash_ids": [0]}
+    ]
+
+
+def test_a_truncated_file_gets_the_next_line_at_its_start(tmp_path):
+    # logrotate's copytruncate: without appending, the next line would follow a run of NULs.
+    path = tmp_path / "t.jsonl"
+    rec = TraceRecorder(TraceRecording(str(path)), BT)
+    rec.record(1.0, 1.0, 16, 1, h(1))
+    deadline = time.monotonic() + 10
+    while not (path.exists() and lines(path)):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.truncate(path, 0)
+    rec.record(2.0, 1.0, 16, 1, h(1))
+    rec.close()
+    assert path.read_text().startswith('{"timestamp":1000.0,')
+
+
+def test_each_data_parallel_replica_writes_its_own_file():
+    recording = TraceRecording("/logs/served.jsonl")
+    assert recording.for_replica(0, 1) is recording
+    assert recording.for_replica(1, 2).path == "/logs/served.dp1.jsonl"
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -139,6 +187,8 @@ def test_a_missing_directory_costs_lines_not_steps_and_recording_resumes(tmp_pat
         ({"record_trace": "t", "record_trace_rotate_bytes": "lots"}, "'lots' is invalid"),
         ({"record_trace": "t", "record_trace_keep": -1}, "record_trace_keep=-1 is invalid"),
         ({"record_trace": "t", "record_trace_keep": True}, "record_trace_keep=True is invalid"),
+        ({"record_trace_keep": 2}, "record_trace_keep is set but record_trace is not"),
+        ({"record_trace": "/tmp"}, "record_trace='/tmp' is a directory: expected the path of a"),
     ],
 )
 def test_bad_settings_name_the_key_and_what_is_allowed(extra, message):

@@ -234,3 +234,20 @@ def test_a_recorded_trace_replays_at_the_block_size_its_first_line_names(tmp_pat
     assert out["runs"][0]["result"]["gpu_hit_tokens"] == 48  # the repeat, less its last block
     code, _, err = run_cli("--trace", str(path), "--hash-block-tokens", "512")
     assert code == 2 and "4 blocks of --hash-block-tokens 512 cannot hold" in err
+
+
+def test_record_trace_files_joined_are_refused(tmp_path, run_cli):
+    from kvoffload.scheduler.trace_recorder import TraceRecorder, TraceRecording
+
+    parts = []
+    for name, seed in (("a.jsonl", 1), ("b.jsonl", 2)):
+        recorder = TraceRecorder(TraceRecording(str(tmp_path / name)), 16)
+        recorder.record(0.0, 0.0, 64, 4, [bytes([seed, i]) * 16 for i in range(4)])
+        recorder.close()
+        parts.append((tmp_path / name).read_text())
+    joined = tmp_path / "joined.jsonl"
+    joined.write_text("".join(parts))
+    code, _, err = run_cli("--trace", str(joined))
+    # Both files number their blocks from 0: joined, b's prompt would repeat a's.
+    assert code == 2
+    assert "line 3: another record_trace file starts here" in err

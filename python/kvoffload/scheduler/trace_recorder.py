@@ -6,23 +6,27 @@ stamped when it came in): `{"timestamp": ms, "input_length": n, "output_length":
 [...]}`. A hash id stands for one block of the prompt and the whole prefix before it (vLLM's block
 hashes are chained), mapped to small integers in the order first seen: no token ids, no text, no
 hash an outsider could test a guess against. The prompt's partial last block gets an id of its
-own, used once.
+own, used once. The map costs the scheduler 110 bytes a distinct block, so a file also ends once
+it names `MAX_IDS` of them.
 
 The engine's thread only queues a line (a bounded queue: when the writer falls behind, a line is
 dropped and counted, never waited for). A thread writes them, starts a new file when one would pass
 `rotate_bytes` and keeps `keep` older ones (`trace.jsonl.1` is the newest). Each file stands alone:
-its ids and its clock start afresh (its clock at the earliest arrival among the requests then in
-flight), so any one of them replays. A file that cannot be written (no directory, a full or
-read-only disk) costs lines, counted as dropped, never a step.
+its ids and its clock start afresh (its clock at the earliest arrival among the requests the
+scheduler then holds), so any one of them replays. A file that cannot be written (no directory, a
+full or read-only disk) costs lines, counted as dropped, never a step.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
 import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +39,9 @@ from kvoffload.sizes import size_value
 logger = logging.getLogger(__name__)
 
 _MAX_KEEP = 1000
+MAX_IDS = 1 << 21
+"""Distinct blocks a file names before the next one starts (32M distinct tokens in 16-token
+blocks); the map to small ints then holds about 230 MB (110 bytes an id)."""
 HEADER = "# kvoffload record_trace, hash-ids format, blocks of {} tokens"
 """A recorded file's first line; `kvoffload simulate --trace` reads its block size from it."""
 
@@ -55,6 +62,7 @@ class TraceRecording:
     def from_extra(cls, extra: dict[str, Any]) -> TraceRecording | None:
         """Takes the `record_trace*` keys out of `extra`; None when `record_trace` is unset."""
         path = extra.pop("record_trace", None)
+        companions = [k for k in ("record_trace_rotate_bytes", "record_trace_keep") if k in extra]
         rotate = size_value(
             "record_trace_rotate_bytes", extra.pop("record_trace_rotate_bytes", cls.rotate_bytes)
         )
@@ -69,13 +77,33 @@ class TraceRecording:
                 f"record_trace_keep={keep!r} is invalid: expected an int in 0..{_MAX_KEEP}"
             )
         if path is None:
+            if companions:
+                raise ConfigError(
+                    f"{companions[0]} is set but record_trace is not: set record_trace to the "
+                    "file to write, or remove it"
+                )
             return None
         if not isinstance(path, str) or not path.strip() or "\0" in path:
             raise ConfigError(
                 f"record_trace={path!r} is invalid: expected the path of the file to write "
-                f"(see {docs_url('simulator', 'replay-your-own-traffic')})"
+                f"(see {docs_url('replay')})"
             )
-        return cls(os.path.abspath(os.path.expanduser(path)), rotate, keep)
+        full = os.path.abspath(os.path.expanduser(path))
+        if os.path.isdir(full):
+            # Rotation would rename the directory away.
+            raise ConfigError(
+                f"record_trace={path!r} is a directory: expected the path of a file in it, "
+                f"such as {os.path.join(path, 'served.jsonl')!r}"
+            )
+        return cls(full, rotate, keep)
+
+    def for_replica(self, index: int, replicas: int) -> TraceRecording:
+        """The path of one data-parallel replica's scheduler (`served.dp1.jsonl`): each writes
+        and rotates its own file, or they would rotate each other's."""
+        if replicas <= 1:
+            return self
+        stem, ext = os.path.splitext(self.path)
+        return dataclasses.replace(self, path=f"{stem}.dp{index}{ext}")
 
 
 _STOP = None
@@ -115,11 +143,10 @@ class TraceRecorder:
         block_hashes: Sequence[bytes],
     ) -> None:
         """One finished request: `arrival` (seconds, vLLM's clock), that of the oldest request
-        still in flight, its prompt and output lengths, and its prompt's full blocks' hashes."""
+        the scheduler holds, its prompt and output lengths, and its prompt's full blocks' hashes
+        (a sequence the caller no longer changes)."""
         try:
-            self._queue.put_nowait(
-                (arrival, oldest_arrival, num_prompt, num_output, tuple(block_hashes))
-            )
+            self._queue.put_nowait((arrival, oldest_arrival, num_prompt, num_output, block_hashes))
         except queue.Full:
             self._lost(1)
 
@@ -137,15 +164,18 @@ class TraceRecorder:
             return self._dropped
 
     def close(self, timeout: float = 10.0) -> None:
-        """Writes what is queued (waiting at most `timeout` seconds) and closes the file."""
+        """Writes what is queued and closes the file, waiting at most `timeout` seconds in all
+        (a stalled disk must not hold the engine's shutdown)."""
+        deadline = time.monotonic() + timeout
         if not self._thread.is_alive():
             return
         try:
             self._queue.put(_STOP, timeout=timeout)
+            self._thread.join(max(0.0, deadline - time.monotonic()))
         except queue.Full:
-            logger.warning("kvoffload: record_trace: the writer did not drain in %gs", timeout)
-            return
-        self._thread.join(timeout)
+            pass
+        if self._thread.is_alive():
+            logger.warning("kvoffload: record_trace: the writer did not finish in %gs", timeout)
 
     def _lost(self, n: int) -> None:
         with self._lock:
@@ -158,16 +188,19 @@ class TraceRecorder:
                 break
             try:
                 self._write(*item)
-            except OSError as e:
+            except Exception as e:
+                # Any failure costs this line, never the thread: a dead writer would leave the
+                # queue full and every later request uncounted.
                 self._lost(1)
                 self._close_file()
                 if not self._said_fault:
                     self._said_fault = True
                     logger.warning(
                         "kvoffload: record_trace=%s cannot be written (%s): requests are counted "
-                        "as dropped (vllm:kvoffload_trace_lines_dropped) until it can",
+                        "as dropped (vllm:kvoffload_trace_lines_dropped_total) until it can",
                         self.recording.path,
-                        e.strerror or e,
+                        e.strerror if isinstance(e, OSError) and e.strerror else repr(e),
+                        exc_info=not isinstance(e, OSError),
                     )
             else:
                 self._said_fault = False
@@ -184,7 +217,8 @@ class TraceRecorder:
         if self._file is None:
             self._file = _TraceFile.open(self.recording, self.block_tokens, oldest)
         line = self._file.line(arrival, num_prompt, num_output, hashes)
-        if self._file.size + len(line) > self.recording.rotate_bytes and self._file.lines:
+        full = self._file.size + len(line) > self.recording.rotate_bytes
+        if (full or len(self._file.ids) > MAX_IDS) and self._file.lines:
             self._close_file()
             self._file = _TraceFile.open(self.recording, self.block_tokens, oldest)
             line = self._file.line(arrival, num_prompt, num_output, hashes)
@@ -206,7 +240,7 @@ class _TraceFile:
         self.f = f
         self.block_tokens = block_tokens
         self.start = start
-        self.ids: dict[bytes, int] = {}
+        self.ids: dict[int, int] = {}
         self.next_id = 0
         self.lines = 0
         self.size = 0
@@ -216,9 +250,13 @@ class _TraceFile:
         """A new file at `recording.path`; one left there (by an earlier engine, or full) is
         rotated, never appended to: its clock and ids are not this file's."""
         path = recording.path
-        if os.path.exists(path) and os.path.getsize(path) > 0:
+        if os.path.isdir(path):  # made since start-up: rotating would move it away
+            raise IsADirectoryError(errno.EISDIR, "a directory", path)
+        if os.path.isfile(path) and os.path.getsize(path) > 0:
             _shift(path, recording.keep)
-        f = open(path, "w", encoding="utf-8")
+        # Appending: a file truncated under it (logrotate's copytruncate) gets the next line at
+        # its start, not after a run of NUL bytes.
+        f = open(path, "a", encoding="utf-8")
         out = cls(f, block_tokens, start)
         out.write(
             f"{HEADER.format(block_tokens)}: kvoffload simulate --trace {os.path.basename(path)}\n",
@@ -250,9 +288,12 @@ class _TraceFile:
         )
 
     def _id(self, block_hash: bytes) -> int:
-        found = self.ids.get(block_hash)
+        # 8 bytes of a SHA-256 chain name a block as well as 32 (as the simulator's bound does)
+        # and take a third of the memory as a key.
+        key = int.from_bytes(block_hash[:8], "little")
+        found = self.ids.get(key)
         if found is None:
-            found = self.ids[block_hash] = self._fresh()
+            found = self.ids[key] = self._fresh()
         return found
 
     def _fresh(self) -> int:

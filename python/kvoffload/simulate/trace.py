@@ -212,6 +212,13 @@ def load_trace(path: str | Path, options: TraceOptions | None = None) -> Trace:
     with f:
         offset = 0
         for lineno, line in enumerate(f, 1):
+            if lineno > 1 and _RECORDED.match(line.decode("utf-8", "replace")):
+                # Their ids and clocks both start at 0: joined, they would share blocks that
+                # nothing shared.
+                raise TraceError(
+                    f"--trace {path} line {lineno}: another record_trace file starts here; each "
+                    "file of record_trace stands alone: replay them one at a time"
+                )
             request, kind = _parse(trace, line, lineno, None, seen)
             if kind and not trace.format:
                 trace = dataclasses.replace(trace, format=kind)

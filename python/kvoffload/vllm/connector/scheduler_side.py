@@ -103,7 +103,10 @@ class SchedulerSide:
         self.trace = (
             None
             if settings.record_trace is None
-            else TraceRecorder(settings.record_trace, settings.config.tokens_per_block)
+            else TraceRecorder(
+                settings.record_trace.for_replica(settings.dp_index, settings.dp_size),
+                settings.config.tokens_per_block,
+            )
         )
         logger.info(
             "kvoffload: %d CPU-tier slots of %d tokens (%d bytes over %d workers), policy %s, "
@@ -372,8 +375,9 @@ class SchedulerSide:
 
     def _record(self, request: Request) -> None:
         assert self.trace is not None
-        # The oldest request in flight (insertion order) starts a new file's clock, so that
-        # none of the requests it will hold arrived before it.
+        # The oldest request the scheduler holds (insertion order) starts a new file's clock,
+        # so that the requests it will hold arrived after it (one still waiting for its first
+        # lookup may not have; the recorder counts it from the clock's start).
         oldest = next(iter(self._requests.values()), request)
         n_prompt = request.num_prompt_tokens
         self.trace.record(

@@ -48,6 +48,9 @@ class ConnectorSettings:
     tp_size: int = 1
     record_trace: TraceRecording | None = None
     """`record_trace` and its companions: the scheduler writes the traffic it served."""
+    dp_index: int = 0
+    dp_size: int = 1
+    """This engine's data-parallel replica and their number (each records a file of its own)."""
     replicated: bool = False
     """Every TP rank of a pipeline stage holds the same KV bytes (MLA's one latent vector per
     token): in a secondary tier a chunk has one shard per stage, written by the stage's TP rank
@@ -168,6 +171,8 @@ class ConnectorSettings:
             group_layers=tuple(tuple(g.layer_names) for g in groups),
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
             record_trace=record_trace,
+            dp_index=vllm_config.parallel_config.data_parallel_index,
+            dp_size=vllm_config.parallel_config.data_parallel_size,
             replicated=replicated,
         )
         for i, tier in enumerate(settings.tiers):
