@@ -1,7 +1,8 @@
 """Checks that a built docs site needs no network to be viewed: no page or stylesheet loads a
 script, stylesheet, font or image from another host, and no diagram is left for a script to draw
-(Material fetches mermaid from a CDN for those). `make docs` runs it on site/ with the docs venv's
-Python, so it uses the standard library only.
+(Material fetches mermaid from a CDN for those). What scripts fetch as they run is not checked:
+Material's asks GitHub for the repository's star count (`repo_url`), and shows none offline.
+`make docs` runs it on site/ with the docs venv's Python, so it uses the standard library only.
 
     python tests/docs_offline.py site
 """

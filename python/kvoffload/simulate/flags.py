@@ -230,7 +230,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     ]
     for name, parse, help in engine_flags:
         default = f"{getattr(d, name):g}"
-        if name in SPEED_FLAGS:  # None: --model's (`command.engine_speeds`)
+        if name in SPEED_FLAGS:  # None: --model's (`command._speeds`)
             default = f"--model's; {DEFAULT_MODEL}: {default}"
         e.add_argument(
             flag(name),

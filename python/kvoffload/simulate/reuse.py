@@ -7,7 +7,9 @@ with their whole prefix, so a block's hash names its prefix: a hash that more th
 holds is hit at most once fewer than it is held, unless a request computes it outside the part
 of its prompt that can hit (its output, or its prompt's last block), in which case every prompt
 that holds it may hit it. Replayed one request at a time with caches that keep everything, a
-run hits exactly this."""
+run hits exactly this when every block a request computes outside that part comes before the
+prompts that repeat it (always so in the built-in workloads); otherwise it stays an upper
+bound."""
 
 from __future__ import annotations
 
