@@ -41,6 +41,7 @@ KV_BLOCKS = 96
 MODEL_LEN = KV_BLOCKS * BLOCK
 DOCUMENT, QUESTION, OTHER = 2000, 40, MODEL_LEN - 16
 NAME = "demo-llama"
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 SHOWN = (
     ("vllm:prompt_tokens_total", "prompt tokens"),
     ("vllm:prefix_cache_hits_total", "found in vLLM's own prefix cache"),
@@ -101,7 +102,7 @@ class Server:
             try:
                 if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or busy starting
                 pass
             if time.monotonic() > deadline:
                 self.kill()
@@ -126,20 +127,22 @@ class Server:
         return "".join(text), first
 
     def metrics(self) -> dict[str, float]:
-        """The series shown, once two scrapes 0.5 s apart agree (stats reach the front end a
-        step late, and a finished request's last stores a step after that)."""
-        last = self._scrape()
-        for _ in range(60):
-            time.sleep(0.5)
+        """The series shown, once nothing runs or waits and four scrapes 0.5 s apart agree
+        (stats reach the front end a step late, and a finished request's last stores a step
+        after that)."""
+        seen: list[dict[str, float]] = []
+        for _ in range(120):
             now = self._scrape()
-            if now == last:
+            idle = now.pop(RUNNING) == 0 and now.pop(WAITING) == 0
+            seen = [*seen, now][-4:] if idle else []
+            if len(seen) == 4 and all(s == now for s in seen):
                 return now
-            last = now
-        raise SystemExit("/metrics kept changing for 30 s")
+            time.sleep(0.5)
+        raise SystemExit("/metrics kept changing for 60 s")
 
     def _scrape(self) -> dict[str, float]:
         text = requests.get(f"{self.url}/metrics", timeout=30).text
-        out = dict.fromkeys((name for name, _ in SHOWN), 0.0)
+        out = dict.fromkeys([*(name for name, _ in SHOWN), RUNNING, WAITING], 0.0)
         for line in text.splitlines():
             name = re.split(r"[{ ]", line, maxsplit=1)[0]
             if name in out:
@@ -168,7 +171,7 @@ def step(server: Server, label: str, prompt: str) -> dict[str, Any]:
     _, ttft = server.complete(prompt)
     after = server.metrics()
     delta = {name: int(after[name] - before[name]) for name, _ in SHOWN}
-    print(f"{label}: {len(prompt.split()):,} prompt tokens, first token after {ttft:.2f} s")
+    print(f"{label}: first token after {ttft:.2f} s")
     for name, meaning in SHOWN:
         print(f"    {delta[name]:>6,}  {meaning:<36} {name}")
     return {"ttft_s": ttft, **delta}
@@ -208,8 +211,8 @@ def main() -> int:
     hit = b["vllm:kvoffload_hit_tokens_total"]
     print(
         f"B's document came back from kvoffload: {hit:,} of its "
-        f"{DOCUMENT + QUESTION:,} prompt tokens were loaded, not recomputed "
-        f"(its {DOCUMENT // BLOCK} whole blocks of the document)."
+        f"{b['vllm:prompt_tokens_total']:,} prompt tokens were loaded, not recomputed "
+        f"({hit // BLOCK} blocks of {BLOCK} tokens)."
         if hit
         else "B found nothing in kvoffload."
     )

@@ -35,4 +35,5 @@ def test_the_demo_shows_the_hit_from_metrics(tmp_path: Path) -> None:
     assert b["vllm:external_prefix_cache_hits_total"] == 1984
     assert got["exit"] == 0
     assert "B's document came back from kvoffload: 1,984 of its 2,040 prompt tokens" in run.stdout
+    assert "(62 blocks of 32 tokens)" in run.stdout
     assert "vllm serve " in run.stdout and '"kv_connector": "KVOffloadConnector"' in run.stdout
