@@ -152,8 +152,9 @@ def test_the_writer_survives_a_line_it_cannot_make(tmp_path, caplog):
     rec.record(2.0, 1.0, 16, 1, h(1))
     rec.close()
     assert rec.dropped == 1 and "cannot be written" in caplog.text
+    # The file opened for the first line keeps its clock (started at 0.0).
     assert lines(path) == [
-        {"timestamp": 1000.0, "input_length": 16, "output_length": 1, "hash_ids": [0]}
+        {"timestamp": 2000.0, "input_length": 16, "output_length": 1, "hash_ids": [0]}
     ]
 
 
@@ -203,3 +204,20 @@ def test_settings_take_sizes_and_default_to_off(tmp_path):
     assert got == TraceRecording(os.path.expanduser("~/t.jsonl"), 64 << 20, 4)
     assert extra == {"other": 1}  # its keys are taken out
     assert TraceRecording.from_extra({}) is None
+
+
+def test_a_full_disk_leaves_whole_lines_and_counts_the_rest(tmp_path):
+    from mounts import tmpfs
+
+    with tmpfs(tmp_path / "small", "16k") as where:
+        path = where / "t.jsonl"
+        rec = TraceRecorder(TraceRecording(str(path)), BT)
+        n = 200
+        for i in range(n):
+            rec.record(float(i), 0.0, 64 * BT, 1, h(i, *range(63)))  # about 330 bytes a line
+        rec.close()
+        written = lines(path)  # every line parses: none was torn by the full disk
+        assert 10 < len(written) < n
+        assert len(written) + rec.dropped == n
+        assert len(load_trace(path, TraceOptions(hash_block_tokens=BT))) == len(written)
+        assert sorted(os.listdir(where)) == ["t.jsonl"]  # a failed line rotates nothing

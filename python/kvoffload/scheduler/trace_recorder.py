@@ -189,10 +189,10 @@ class TraceRecorder:
             try:
                 self._write(*item)
             except Exception as e:
-                # Any failure costs this line, never the thread: a dead writer would leave the
-                # queue full and every later request uncounted.
+                # Any failure costs this line, never the thread (a dead writer would leave the
+                # queue full and every later request uncounted), nor the file: reopening would
+                # rotate it, and on a full disk each line would push a good file out.
                 self._lost(1)
-                self._close_file()
                 if not self._said_fault:
                     self._said_fault = True
                     logger.warning(
@@ -236,7 +236,7 @@ class TraceRecorder:
 class _TraceFile:
     """One file of the trace: its own ids and clock."""
 
-    def __init__(self, f: IO[str], block_tokens: int, start: float) -> None:
+    def __init__(self, f: IO[bytes], block_tokens: int, start: float) -> None:
         self.f = f
         self.block_tokens = block_tokens
         self.start = start
@@ -255,8 +255,9 @@ class _TraceFile:
         if os.path.isfile(path) and os.path.getsize(path) > 0:
             _shift(path, recording.keep)
         # Appending: a file truncated under it (logrotate's copytruncate) gets the next line at
-        # its start, not after a run of NUL bytes.
-        f = open(path, "a", encoding="utf-8")
+        # its start, not after a run of NUL bytes. Unbuffered: a line is one write, undone
+        # whole if the disk takes only part of it.
+        f = open(path, "ab", buffering=0)
         out = cls(f, block_tokens, start)
         out.write(
             f"{HEADER.format(block_tokens)}: kvoffload simulate --trace {os.path.basename(path)}\n",
@@ -301,15 +302,26 @@ class _TraceFile:
         return self.next_id - 1
 
     def write(self, text: str, *, counts: bool = True) -> None:
-        self.f.write(text)
-        self.f.flush()
-        self.size += len(text.encode())
+        data = text.encode()
+        try:
+            if self.f.write(data) != len(data):
+                raise OSError(errno.ENOSPC, "the disk took part of a line")
+        except OSError:
+            # A torn line would stop the whole file's replay at it.
+            try:
+                os.ftruncate(self.f.fileno(), self.size)
+            except OSError:
+                pass
+            raise
+        self.size += len(data)
         self.lines += counts
 
     def close(self, dropped: int) -> None:
-        if dropped:
-            self.f.write(f"# {dropped} requests were not recorded since the engine started\n")
-        self.f.close()
+        try:
+            if dropped:
+                self.write(f"# {dropped} requests were not recorded since the engine started\n")
+        finally:
+            self.f.close()
 
 
 def _shift(path: str, keep: int) -> None:
