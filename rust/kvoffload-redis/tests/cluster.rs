@@ -216,9 +216,7 @@ fn a_killed_primary_is_replaced_and_the_tier_recovers_without_a_restart() {
     let d = data(24, 32 * KB, 21);
     assert_eq!(store(&t, &ks, &d), vec![OK; 24]);
     // Replicated before the kill (replication is asynchronous).
-    for p in c.primaries() {
-        assert_eq!(p.raw().cmd(&[b"WAIT", b"1", b"5000"]), Reply::Int(1));
-    }
+    c.wait_replicated(Duration::from_secs(60));
     let victim = c.primary_of(chunk_slot(&ks[0])).port;
     let idx = c.nodes.iter().position(|n| n.port == victim).unwrap();
     c.nodes[idx].kill();
@@ -295,9 +293,7 @@ fn a_frozen_primary_costs_only_its_own_chunks_and_the_tier_recovers() {
     let ks = keys("frozen", 24);
     let d = data(24, 32 * KB, 31);
     assert_eq!(store(&t, &ks, &d), vec![OK; 24]);
-    for p in c.primaries() {
-        assert_eq!(p.raw().cmd(&[b"WAIT", b"1", b"5000"]), Reply::Int(1));
-    }
+    c.wait_replicated(Duration::from_secs(60));
     let victim = c.primary_of(chunk_slot(&ks[0])).port;
     let on_victim: Vec<bool> = ks
         .iter()

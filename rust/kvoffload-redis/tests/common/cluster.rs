@@ -76,6 +76,22 @@ impl Cluster {
         }
     }
 
+    /// Waits until every primary's replica has acknowledged all its writes. Just after the
+    /// cluster forms, a replica may still be in its first full sync (seconds on a busy machine),
+    /// and `WAIT` answers 0 until it is online: asked again, not taken for a lost write.
+    pub fn wait_replicated(&self, within: Duration) {
+        let start = Instant::now();
+        for p in self.primaries() {
+            while p.raw().cmd(&[b"WAIT", b"1", b"1000"]) != Reply::Int(1) {
+                assert!(
+                    start.elapsed() < within,
+                    "primary {} has no replica in sync after {within:?}",
+                    p.port
+                );
+            }
+        }
+    }
+
     pub fn live(&self) -> impl Iterator<Item = &Server> {
         self.nodes.iter().filter(|n| n.is_running())
     }
