@@ -212,7 +212,7 @@ def load_trace(path: str | Path, options: TraceOptions | None = None) -> Trace:
     with f:
         offset = 0
         for lineno, line in enumerate(f, 1):
-            if lineno > 1 and _RECORDED.match(line.decode("utf-8", "replace")):
+            if lineno > 1 and line[:1] == b"#" and _RECORDED.match(line.decode("utf-8", "replace")):
                 # Their ids and clocks both start at 0: joined, they would share blocks that
                 # nothing shared.
                 raise TraceError(
